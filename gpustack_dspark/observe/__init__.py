@@ -1,0 +1,1 @@
+"""What operators see of the plugin: feature states and the status API."""

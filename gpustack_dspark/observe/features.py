@@ -1,0 +1,54 @@
+"""Which plugin features are on, and why not when they are off.
+
+Every feature starts `pending`, ends `enabled` or `disabled` with a reason. A failure
+anywhere in the plugin lands here instead of reaching GPUStack.
+"""
+
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+PENDING = "pending"
+ENABLED = "enabled"
+DISABLED = "disabled"
+
+
+@dataclass
+class FeatureState:
+    state: str = PENDING
+    reason: Optional[str] = None
+    detail: Dict[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> Dict[str, object]:
+        out: Dict[str, object] = {"state": self.state}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.detail:
+            out["detail"] = dict(self.detail)
+        return out
+
+
+class FeatureRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._features: Dict[str, FeatureState] = {}
+
+    def declare(self, name: str) -> None:
+        with self._lock:
+            self._features.setdefault(name, FeatureState())
+
+    def enable(self, name: str, **detail: object) -> None:
+        with self._lock:
+            self._features[name] = FeatureState(ENABLED, None, detail)
+
+    def disable(self, name: str, reason: str, **detail: object) -> None:
+        with self._lock:
+            self._features[name] = FeatureState(DISABLED, reason, detail)
+
+    def get(self, name: str) -> FeatureState:
+        with self._lock:
+            return self._features.get(name, FeatureState())
+
+    def snapshot(self) -> Dict[str, Dict[str, object]]:
+        with self._lock:
+            return {name: state.as_dict() for name, state in sorted(self._features.items())}

@@ -1,0 +1,144 @@
+"""DSparkPlugin: wires gpustack-dspark into the GPUStack server. Logic lives elsewhere.
+
+GPUStack stops the whole server when a plugin's `__init__` raises or one of its
+background tasks does, so everything here is guarded: a failure is logged and shows up
+as a disabled feature in `/v2/dspark/status`, and GPUStack carries on as if the plugin
+were not there.
+"""
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional
+
+from gpustack.extension import Plugin
+
+from gpustack_dspark import __version__, backend
+from gpustack_dspark.observe.features import FeatureRegistry
+from gpustack_dspark.observe.status import build_status_router
+from gpustack_dspark.settings import (
+    PluginSettings,
+    add_start_flags,
+    settings_from_config,
+    settings_from_namespace,
+    settings_to_config,
+)
+from gpustack_dspark.versions import SUPPORTED_GPUSTACK_VERSION, check_gpustack
+
+logger = logging.getLogger(__name__)
+
+FEATURE_STATUS_API = "status_api"
+FEATURE_BACKEND = "backend_registration"
+# Features that need GPUStack internals; they wait on the version check.
+INTERNAL_FEATURES = (FEATURE_BACKEND,)
+
+REGISTRATION_ATTEMPTS = 6
+REGISTRATION_FIRST_DELAY_S = 1.0
+
+
+class DSparkPlugin(Plugin):
+    @classmethod
+    def setup_start_cmd(cls, parser) -> None:
+        add_start_flags(parser)
+
+    @classmethod
+    def contribute_config(cls, args, config_data: dict) -> None:
+        config_data.update(settings_to_config(settings_from_namespace(args)))
+
+    def __init__(self, app, cfg) -> None:
+        self.features = FeatureRegistry()
+        self.settings: Optional[PluginSettings] = None
+        self.version_check = check_gpustack()
+        self.backend_info: Dict[str, Any] = {"name": backend.BACKEND_NAME}
+        self._tasks: List[Callable[[], Awaitable[None]]] = []
+        for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
+            self.features.declare(name)
+        try:
+            self._wire(app, cfg)
+        except Exception as e:  # never take the server down
+            logger.exception("gpustack-dspark failed to initialise; GPUStack continues without it")
+            for name in INTERNAL_FEATURES:
+                self.features.disable(name, f"plugin initialisation failed: {e}")
+
+    def _wire(self, app, cfg) -> None:
+        try:
+            app.include_router(build_status_router(self.status))
+            self.features.enable(FEATURE_STATUS_API)
+        except Exception as e:
+            logger.exception("gpustack-dspark could not mount its status API")
+            self.features.disable(FEATURE_STATUS_API, f"could not mount the status API: {e}")
+
+        self.settings = settings_from_config(cfg)
+        if self.settings.disabled:
+            for name in INTERNAL_FEATURES:
+                self.features.disable(name, "turned off by --dspark-disable")
+            logger.info("gpustack-dspark %s loaded with all features off (--dspark-disable)", __version__)
+            return
+        if not self.version_check.ok:
+            for name in INTERNAL_FEATURES:
+                self.features.disable(name, self.version_check.reason)
+            logger.error("gpustack-dspark %s: %s; its features are off", __version__, self.version_check.reason)
+            return
+
+        self._tasks.append(self._register_backend)
+        logger.info(
+            "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
+            __version__, self.settings.json_label_text, self.settings.cuda_image, self.settings.cpu_image,
+        )
+
+    def async_tasks(self) -> List[Coroutine[Any, Any, Any]]:
+        return [self._guarded(task) for task in self._tasks]
+
+    async def _guarded(self, task: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await task()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("gpustack-dspark background task %s failed", task.__name__)
+
+    async def _register_backend(self) -> None:
+        delay = REGISTRATION_FIRST_DELAY_S
+        for attempt in range(1, REGISTRATION_ATTEMPTS + 1):
+            try:
+                result = await backend.register_backend(self.settings)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                reason = f"registering the {backend.BACKEND_NAME} backend failed: {type(e).__name__}: {e}"
+                if attempt == REGISTRATION_ATTEMPTS:
+                    logger.error("%s (gave up after %d attempts)", reason, attempt)
+                    self.features.disable(FEATURE_BACKEND, reason)
+                    return
+                logger.warning("%s; retrying in %.0f s", reason, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+                continue
+            self.backend_info.update(id=result.backend_id, last_registration=result.action)
+            self.features.enable(FEATURE_BACKEND, action=result.action)
+            return
+
+    def status(self) -> Dict[str, Any]:
+        settings = self.settings
+        return {
+            "plugin": {"name": "gpustack-dspark", "version": __version__},
+            "gpustack": {
+                "version": self.version_check.installed,
+                "supported_version": SUPPORTED_GPUSTACK_VERSION,
+                "supported": self.version_check.ok,
+            },
+            "settings": {
+                "json_label": settings.json_label_text,
+                "cuda_image": settings.cuda_image,
+                "cpu_image": settings.cpu_image,
+                "disabled": settings.disabled,
+            } if settings else None,
+            "backend": {
+                **self.backend_info,
+                "health_check_path": backend.HEALTH_CHECK_PATH,
+                "versions": {
+                    backend.CUDA_VERSION: settings.cuda_image,
+                    backend.CPU_VERSION: settings.cpu_image,
+                } if settings else {},
+            },
+            "features": self.features.snapshot(),
+        }

@@ -1,0 +1,180 @@
+"""The plugin's `gpustack start` settings: flags, parsing and validation (pure).
+
+Flags are registered on GPUStack's own argparse parser (plugin.py), so a malformed value
+fails while `gpustack start` parses its command line, with argparse naming the flag.
+"""
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+from gpustack_dspark import __version__
+
+DEFAULT_JSON_LABEL = "role=json-inference"
+DEFAULT_CUDA_IMAGE = f"gpustack-dspark-worker:{__version__}-cuda"
+DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
+
+# Kubernetes label syntax, which GPUStack worker labels follow: an optional DNS prefix,
+# a name of alphanumerics with -_. inside, at most 63 characters; values the same or empty.
+_LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
+# An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path.
+_IMAGE_RE = re.compile(
+    r"^([A-Za-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+
+
+@dataclass(frozen=True)
+class Flag:
+    dest: str
+    option: str
+    env: str
+    help: str
+
+
+FLAG_JSON_LABEL = Flag("dspark_json_label", "--dspark-json-label", "GPUSTACK_DSPARK_JSON_LABEL",
+                       "worker label KEY=VALUE that marks JSON-inference workers")
+FLAG_CUDA_IMAGE = Flag("dspark_cuda_image", "--dspark-cuda-image", "GPUSTACK_DSPARK_CUDA_IMAGE",
+                       "container image of the DSpark worker for CUDA GPUs")
+FLAG_CPU_IMAGE = Flag("dspark_cpu_image", "--dspark-cpu-image", "GPUSTACK_DSPARK_CPU_IMAGE",
+                      "container image of the DSpark worker for CPU-only workers")
+FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISABLE",
+                    "load the plugin but turn all of its features off")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_label(value: str) -> Tuple[str, str]:
+    """`KEY=VALUE` -> (key, value); ValueError says what is wrong and what is allowed."""
+    if "=" not in value:
+        raise ValueError(f"{value!r} is not KEY=VALUE (for example role=json-inference)")
+    key, label_value = value.split("=", 1)
+    if not _LABEL_KEY_RE.match(key):
+        raise ValueError(
+            f"label key {key!r} is not a valid label key "
+            "(letters, digits, '-', '_', '.', at most 63 characters, optional DNS prefix/)"
+        )
+    if not _LABEL_VALUE_RE.match(label_value) or not label_value:
+        raise ValueError(
+            f"label value {label_value!r} is not a valid label value "
+            "(non-empty; letters, digits, '-', '_', '.', at most 63 characters)"
+        )
+    return key, label_value
+
+
+def parse_image(value: str) -> str:
+    if not _IMAGE_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a container image reference "
+            "(like registry.example.com/team/dspark-worker:0.1.0-cuda)"
+        )
+    return value
+
+
+def parse_switch(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{value!r} is not a boolean (one of: true, false, 1, 0, yes, no)")
+
+
+def _argparse_type(parse):
+    def convert(value: str):
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+
+    convert.__name__ = parse.__name__.removeprefix("parse_")
+    return convert
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    json_label: Tuple[str, str] = parse_label(DEFAULT_JSON_LABEL)
+    cuda_image: str = DEFAULT_CUDA_IMAGE
+    cpu_image: str = DEFAULT_CPU_IMAGE
+    disabled: bool = False
+
+    @property
+    def json_label_text(self) -> str:
+        return f"{self.json_label[0]}={self.json_label[1]}"
+
+
+def _env_default(flag: Flag, parse, fallback, environ: Mapping[str, str]):
+    raw = environ.get(flag.env)
+    if raw is None:
+        return fallback
+    try:
+        return parse(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {flag.env}: {e}") from e
+
+
+def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
+    """Register the plugin's flags on `gpustack start`, defaults taken from the environment."""
+    group = parser.add_argument_group("DSpark plugin (gpustack-dspark)")
+    defaults = PluginSettings()
+    group.add_argument(
+        FLAG_JSON_LABEL.option, dest=FLAG_JSON_LABEL.dest, metavar="KEY=VALUE",
+        type=_argparse_type(parse_label),
+        default=_env_default(FLAG_JSON_LABEL, parse_label, defaults.json_label, environ),
+        help=f"{FLAG_JSON_LABEL.help} (default {DEFAULT_JSON_LABEL}; env {FLAG_JSON_LABEL.env})",
+    )
+    for flag, default in ((FLAG_CUDA_IMAGE, defaults.cuda_image), (FLAG_CPU_IMAGE, defaults.cpu_image)):
+        group.add_argument(
+            flag.option, dest=flag.dest, metavar="IMAGE", type=_argparse_type(parse_image),
+            default=_env_default(flag, parse_image, default, environ),
+            help=f"{flag.help} (default {default}; env {flag.env})",
+        )
+    group.add_argument(
+        FLAG_DISABLE.option, dest=FLAG_DISABLE.dest, action="store_true",
+        default=_env_default(FLAG_DISABLE, parse_switch, False, environ),
+        help=f"{FLAG_DISABLE.help} (env {FLAG_DISABLE.env})",
+    )
+
+
+def settings_from_namespace(args: argparse.Namespace) -> PluginSettings:
+    defaults = PluginSettings()
+    return PluginSettings(
+        json_label=getattr(args, FLAG_JSON_LABEL.dest, None) or defaults.json_label,
+        cuda_image=getattr(args, FLAG_CUDA_IMAGE.dest, None) or defaults.cuda_image,
+        cpu_image=getattr(args, FLAG_CPU_IMAGE.dest, None) or defaults.cpu_image,
+        disabled=bool(getattr(args, FLAG_DISABLE.dest, False)),
+    )
+
+
+def settings_to_config(settings: PluginSettings) -> dict:
+    """The keys the plugin adds to GPUStack's Config (which allows extra keys)."""
+    return {
+        FLAG_JSON_LABEL.dest: settings.json_label_text,
+        FLAG_CUDA_IMAGE.dest: settings.cuda_image,
+        FLAG_CPU_IMAGE.dest: settings.cpu_image,
+        FLAG_DISABLE.dest: settings.disabled,
+    }
+
+
+def settings_from_config(cfg: object, environ: Mapping[str, str] = os.environ) -> PluginSettings:
+    """Read settings back off GPUStack's Config; a server started without our flags
+    (config file, embedded use) falls back to the environment, then to defaults."""
+    defaults = PluginSettings()
+
+    def pick(flag: Flag, parse, fallback):
+        value = getattr(cfg, flag.dest, None)
+        if value is None:
+            return _env_default(flag, parse, fallback, environ)
+        return parse(value) if isinstance(value, str) else value
+
+    return PluginSettings(
+        json_label=pick(FLAG_JSON_LABEL, parse_label, defaults.json_label),
+        cuda_image=pick(FLAG_CUDA_IMAGE, parse_image, defaults.cuda_image),
+        cpu_image=pick(FLAG_CPU_IMAGE, parse_image, defaults.cpu_image),
+        disabled=bool(pick(FLAG_DISABLE, parse_switch, False)),
+    )
