@@ -15,6 +15,7 @@ from gpustack.extension import Plugin
 from gpustack_dspark import __version__, backend
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.status import build_status_router
+from gpustack_dspark.placement import gpustack_patches
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
@@ -28,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 FEATURE_STATUS_API = "status_api"
 FEATURE_BACKEND = "backend_registration"
+FEATURE_VLLM_FIT = "vllm_resource_fit"
 # Features that need GPUStack internals; they wait on the version check.
-INTERNAL_FEATURES = (FEATURE_BACKEND,)
+INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -79,11 +81,24 @@ class DSparkPlugin(Plugin):
             logger.error("gpustack-dspark %s: %s; its features are off", __version__, self.version_check.reason)
             return
 
+        self._apply_vllm_fit()
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
             __version__, self.settings.json_label_text, self.settings.cuda_image, self.settings.cpu_image,
         )
+
+    def _apply_vllm_fit(self) -> None:
+        try:
+            result = gpustack_patches.route_gpu_flavour_to_vllm_fit()
+        except Exception as e:
+            logger.exception("gpustack-dspark could not route DSpark CUDA models to vLLM's resource fit")
+            result = gpustack_patches.PatchResult(False, f"{type(e).__name__}: {e}")
+        if result.applied:
+            self.features.enable(FEATURE_VLLM_FIT)
+        else:
+            logger.warning("DSpark CUDA models use GPUStack's custom-backend fit: %s", result.reason)
+            self.features.disable(FEATURE_VLLM_FIT, result.reason)
 
     def async_tasks(self) -> List[Coroutine[Any, Any, Any]]:
         return [self._guarded(task) for task in self._tasks]

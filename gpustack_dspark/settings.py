@@ -21,9 +21,10 @@ DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
 _LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
-# An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path.
+# An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path; as in
+# Docker, a first component is a registry only with a dot, a port, or `localhost`.
 _IMAGE_RE = re.compile(
-    r"^([A-Za-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"^((localhost|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+)(:[0-9]+)?/|[A-Za-z0-9-]+:[0-9]+/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
 )
 

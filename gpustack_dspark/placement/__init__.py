@@ -1,0 +1,1 @@
+"""Scheduler policy for DSpark replicas (runs inside the GPUStack server)."""

@@ -1,0 +1,89 @@
+"""Every change this plugin makes to GPUStack's scheduler internals, in one place.
+
+GPUStack 2.3 picks a resource-fit selector by backend name (scheduler.py,
+`build_candidate_selector`); only the built-in vLLM backend gets vLLM's VRAM and
+tensor-parallel fit. DSpark's CUDA flavour runs vLLM, so its models are routed to that
+same selector — GPUStack's own class, not a re-implementation. The CPU flavour keeps the
+custom-backend selector, the one path GPUStack has for CPU-only workers.
+
+Each patch checks the GPUStack version and the exact shape of what it replaces; on any
+mismatch it applies nothing and says why, and GPUStack schedules as it always did.
+"""
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from gpustack_dspark.placement.flavour import uses_gpu_flavour
+from gpustack_dspark.versions import check_gpustack
+
+logger = logging.getLogger(__name__)
+
+EXPECTED_SELECTOR_PARAMS = ["config", "model", "model_instances", "cpu_only", "ram_claim", "resource_view"]
+_PATCH_MARK = "_dspark_patched"
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    applied: bool
+    reason: str = ""
+
+
+def _selector_signature_problem(function: Callable) -> Optional[str]:
+    try:
+        params = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError) as e:
+        return f"cannot read the signature of build_candidate_selector: {e}"
+    if params != EXPECTED_SELECTOR_PARAMS:
+        return f"build_candidate_selector takes {params}, expected {EXPECTED_SELECTOR_PARAMS}"
+    return None
+
+
+def route_gpu_flavour_to_vllm_fit() -> PatchResult:
+    """Make GPUStack size DSpark CUDA models with its vLLM resource-fit selector."""
+    version = check_gpustack()
+    if not version.ok:
+        return PatchResult(False, version.reason)
+    try:
+        from gpustack.policies.candidate_selectors import VLLMResourceFitSelector
+        from gpustack.scheduler import scheduler
+    except ImportError as e:
+        return PatchResult(False, f"GPUStack's scheduler is not importable: {e}")
+
+    original = getattr(scheduler, "build_candidate_selector", None)
+    if original is None:
+        return PatchResult(False, "gpustack.scheduler.scheduler.build_candidate_selector is missing")
+    if getattr(original, _PATCH_MARK, False):
+        return PatchResult(True)
+    problem = _selector_signature_problem(original)
+    if problem:
+        return PatchResult(False, problem)
+
+    def build_candidate_selector(config, model, model_instances, cpu_only=False, ram_claim=None, *,
+                                 resource_view):
+        if (not cpu_only and not model.gpu_type_selector
+                and uses_gpu_flavour(model.backend, model.backend_version)):
+            return VLLMResourceFitSelector(config, model, model_instances, resource_view=resource_view)
+        return original(config, model, model_instances, cpu_only, ram_claim, resource_view=resource_view)
+
+    setattr(build_candidate_selector, _PATCH_MARK, True)
+    build_candidate_selector.__wrapped__ = original
+    build_candidate_selector.__doc__ = original.__doc__
+    scheduler.build_candidate_selector = build_candidate_selector
+    logger.info("DSpark CUDA models now use GPUStack's vLLM resource fit")
+    return PatchResult(True)
+
+
+def remove_patches() -> List[str]:
+    """Undo what this module applied (tests, and a plugin that turns itself off)."""
+    removed = []
+    try:
+        from gpustack.scheduler import scheduler
+    except ImportError:
+        return removed
+    current = getattr(scheduler, "build_candidate_selector", None)
+    if current is not None and getattr(current, _PATCH_MARK, False):
+        scheduler.build_candidate_selector = current.__wrapped__
+        removed.append("build_candidate_selector")
+    return removed

@@ -1,0 +1,105 @@
+"""Shared fixtures: a real PostgreSQL, real GPUStack servers with the plugin, CPU workers.
+
+Everything listens on 127.0.0.1 only (see gpustack_dspark/devstack/loopback).
+"""
+
+import os
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+import httpx
+import pytest
+
+from gpustack_dspark.devstack.api import GPUStackAPI
+from gpustack_dspark.devstack.postgres import Postgres, start_postgres
+from gpustack_dspark.devstack.server import GPUStackServer
+from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
+
+SUPPORT_DIR = Path(__file__).parent / "support"
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory) -> Iterator[Postgres]:
+    pg = start_postgres(tmp_path_factory.mktemp("postgres") / "data")
+    yield pg
+    pg.stop()
+
+
+class ServerFactory:
+    """Starts GPUStack servers on a fresh database; stops all of them at teardown."""
+
+    def __init__(self, postgres: Postgres, base: Path):
+        self.postgres = postgres
+        self.base = base
+        self.started: List[GPUStackServer] = []
+
+    def __call__(self, extra_args: Optional[List[str]] = None, fault: Optional[str] = None,
+                 fresh_database: bool = True, data_dir: Optional[Path] = None) -> GPUStackServer:
+        if fresh_database:
+            self.postgres.reset()
+        env_extra = []
+        if fault:
+            os.environ["DSPARK_TEST_FAULT"] = fault
+            env_extra = ["dspark_test_faults"]
+        try:
+            server = GPUStackServer(
+                data_dir=data_dir or self.base / f"server-{len(self.started)}",
+                database_url=self.postgres.url,
+                extra_args=list(extra_args or []),
+                sitecustomize_extra=env_extra,
+                extra_pythonpath=[str(SUPPORT_DIR)] if fault else [],
+            )
+            self.started.append(server)
+            return server.start()
+        finally:
+            os.environ.pop("DSPARK_TEST_FAULT", None)
+
+    def stop_all(self) -> None:
+        for server in self.started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def start_server(postgres, tmp_path_factory) -> Iterator[ServerFactory]:
+    factory = ServerFactory(postgres, tmp_path_factory.mktemp("gpustack"))
+    yield factory
+    factory.stop_all()
+
+
+def admin_api(server: GPUStackServer) -> GPUStackAPI:
+    return GPUStackAPI(server.url, server.create_api_key())
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+def dspark_status(server: GPUStackServer, api_key: str) -> Dict:
+    response = httpx.get(f"{server.url}/v2/dspark/status", headers={"Authorization": f"Bearer {api_key}"},
+                         timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.fixture
+def cpu_worker_factory(tmp_path) -> Iterator[Callable[..., GPUStackWorker]]:
+    workers: List[GPUStackWorker] = []
+
+    def make(api: GPUStackAPI, server: GPUStackServer, name: str,
+             labels: Optional[Dict[str, str]] = None) -> GPUStackWorker:
+        worker = join_cpu_worker(api, server.url, name, tmp_path / name, labels=labels)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.stop()
