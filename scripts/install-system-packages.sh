@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs, with apt, the system packages the devstack needs and this machine lacks.
+# Nothing is installed when everything is already there.
+set -euo pipefail
+
+missing=()
+compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || missing+=(postgresql)
+command -v runuser >/dev/null || missing+=(util-linux)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing system packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
