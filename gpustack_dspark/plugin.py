@@ -19,6 +19,7 @@ from gpustack_dspark.placement import gpustack_patches
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
+    images_from_environment,
     settings_from_config,
     settings_from_namespace,
     settings_to_config,
@@ -45,6 +46,10 @@ class DSparkPlugin(Plugin):
     @classmethod
     def contribute_config(cls, args, config_data: dict) -> None:
         config_data.update(settings_to_config(settings_from_namespace(args)))
+
+    @classmethod
+    def extra_image_list(cls) -> List[str]:
+        return list(images_from_environment())
 
     def __init__(self, app, cfg) -> None:
         self.features = FeatureRegistry()

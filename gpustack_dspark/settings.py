@@ -179,3 +179,17 @@ def settings_from_config(cfg: object, environ: Mapping[str, str] = os.environ) -
         cpu_image=pick(FLAG_CPU_IMAGE, parse_image, defaults.cpu_image),
         disabled=bool(pick(FLAG_DISABLE, parse_switch, False)),
     )
+
+
+def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[str, str]:
+    """The worker images for GPUStack's image list (`gpustack list-images` / `save-images`),
+    which runs with no server config: from the environment, else the defaults. A malformed
+    variable falls back to the default here; `gpustack start` reports it properly."""
+    defaults = PluginSettings()
+    images = []
+    for flag, default in ((FLAG_CUDA_IMAGE, defaults.cuda_image), (FLAG_CPU_IMAGE, defaults.cpu_image)):
+        try:
+            images.append(_env_default(flag, parse_image, default, environ))
+        except ValueError:
+            images.append(default)
+    return images[0], images[1]

@@ -3,7 +3,6 @@
 Everything listens on 127.0.0.1 only (see gpustack_dspark/devstack/loopback).
 """
 
-import os
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -37,22 +36,16 @@ class ServerFactory:
                  fresh_database: bool = True, data_dir: Optional[Path] = None) -> GPUStackServer:
         if fresh_database:
             self.postgres.reset()
-        env_extra = []
-        if fault:
-            os.environ["DSPARK_TEST_FAULT"] = fault
-            env_extra = ["dspark_test_faults"]
-        try:
-            server = GPUStackServer(
-                data_dir=data_dir or self.base / f"server-{len(self.started)}",
-                database_url=self.postgres.url,
-                extra_args=list(extra_args or []),
-                sitecustomize_extra=env_extra,
-                extra_pythonpath=[str(SUPPORT_DIR)] if fault else [],
-            )
-            self.started.append(server)
-            return server.start()
-        finally:
-            os.environ.pop("DSPARK_TEST_FAULT", None)
+        server = GPUStackServer(
+            data_dir=data_dir or self.base / f"server-{len(self.started)}",
+            database_url=self.postgres.url,
+            extra_args=list(extra_args or []),
+            sitecustomize_extra=["dspark_test_faults"] if fault else [],
+            extra_pythonpath=[str(SUPPORT_DIR)] if fault else [],
+            extra_env={"DSPARK_TEST_FAULT": fault} if fault else {},
+        )
+        self.started.append(server)
+        return server.start()
 
     def stop_all(self) -> None:
         for server in self.started:

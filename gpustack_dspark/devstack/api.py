@@ -8,6 +8,7 @@ import httpx
 
 class GPUStackAPI:
     def __init__(self, base_url: str, api_key: str, timeout_s: float = 30):
+        self.api_key = api_key
         self.client = httpx.Client(base_url=base_url, timeout=timeout_s,
                                    headers={"Authorization": f"Bearer {api_key}"})
 

@@ -3,7 +3,7 @@
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import httpx
 
@@ -24,6 +24,7 @@ class GPUStackServer:
     extra_args: List[str] = field(default_factory=list)
     sitecustomize_extra: List[str] = field(default_factory=list)
     extra_pythonpath: List[str] = field(default_factory=list)
+    extra_env: Dict[str, str] = field(default_factory=dict)
     process: Optional[ManagedProcess] = None
 
     @property
@@ -52,7 +53,7 @@ class GPUStackServer:
 
     def start(self, timeout_s: float = 180) -> "GPUStackServer":
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = loopback_env(self.sitecustomize_extra, extra_paths=self.extra_pythonpath)
+        env = {**loopback_env(self.sitecustomize_extra, extra_paths=self.extra_pythonpath), **self.extra_env}
         self.process = ManagedProcess(self.argv(), env, self.log_path)
         self.wait_healthy(timeout_s)
         return self

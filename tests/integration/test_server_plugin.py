@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def stack(start_server):
     server = start_server()
     api = admin_api(server)
-    key = api.client.headers["Authorization"].split(" ", 1)[1]
+    key = api.api_key
     wait_for(lambda: dspark_status(server, key)["features"]["backend_registration"]["state"] == "enabled",
              60, "the backend registration")
     yield server, api, key

@@ -106,3 +106,11 @@ def test_config_without_plugin_keys_falls_back_to_environment():
     parsed = settings_from_config(object(), environ={settings.FLAG_CPU_IMAGE.env: "localhost/x:1"})
     assert parsed.cpu_image == "localhost/x:1"
     assert parsed.json_label == ("role", "json-inference")
+
+
+def test_image_list_follows_the_environment_and_survives_bad_values():
+    from gpustack_dspark.settings import DEFAULT_CUDA_IMAGE, images_from_environment
+
+    assert images_from_environment({settings.FLAG_CPU_IMAGE.env: "localhost/w:cpu"}) == (
+        DEFAULT_CUDA_IMAGE, "localhost/w:cpu")
+    assert images_from_environment({settings.FLAG_CUDA_IMAGE.env: "Not An Image"})[0] == DEFAULT_CUDA_IMAGE
