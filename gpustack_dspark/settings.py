@@ -86,12 +86,16 @@ def parse_switch(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean (one of: true, false, 1, 0, yes, no)")
 
 
-def _argparse_type(parse):
+def _argparse_type(parse, flag: Flag, environ: Mapping[str, str]):
+    """argparse converts string defaults with `type` too, and only for the command being
+    parsed: an environment default is therefore validated by `gpustack start` alone, never
+    while other gpustack commands build their parsers."""
     def convert(value: str):
         try:
             return parse(value)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from e
+            source = f" (from {flag.env})" if environ.get(flag.env) == value else ""
+            raise argparse.ArgumentTypeError(f"{e}{source}") from e
 
     convert.__name__ = parse.__name__.removeprefix("parse_")
     return convert
@@ -120,24 +124,26 @@ def _env_default(flag: Flag, parse, fallback, environ: Mapping[str, str]):
 
 
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
-    """Register the plugin's flags on `gpustack start`, defaults taken from the environment."""
+    """Register the plugin's flags on `gpustack start`, defaults taken from the environment.
+
+    Never raises: GPUStack builds this parser for every `gpustack` command, and a bad
+    environment variable must only stop `gpustack start`, with a message naming it.
+    """
     group = parser.add_argument_group("DSpark plugin (gpustack-dspark)")
-    defaults = PluginSettings()
-    group.add_argument(
-        FLAG_JSON_LABEL.option, dest=FLAG_JSON_LABEL.dest, metavar="KEY=VALUE",
-        type=_argparse_type(parse_label),
-        default=_env_default(FLAG_JSON_LABEL, parse_label, defaults.json_label, environ),
-        help=f"{FLAG_JSON_LABEL.help} (default {DEFAULT_JSON_LABEL}; env {FLAG_JSON_LABEL.env})",
-    )
-    for flag, default in ((FLAG_CUDA_IMAGE, defaults.cuda_image), (FLAG_CPU_IMAGE, defaults.cpu_image)):
+    for flag, default, metavar, parse in (
+        (FLAG_JSON_LABEL, DEFAULT_JSON_LABEL, "KEY=VALUE", parse_label),
+        (FLAG_CUDA_IMAGE, DEFAULT_CUDA_IMAGE, "IMAGE", parse_image),
+        (FLAG_CPU_IMAGE, DEFAULT_CPU_IMAGE, "IMAGE", parse_image),
+    ):
         group.add_argument(
-            flag.option, dest=flag.dest, metavar="IMAGE", type=_argparse_type(parse_image),
-            default=_env_default(flag, parse_image, default, environ),
+            flag.option, dest=flag.dest, metavar=metavar, type=_argparse_type(parse, flag, environ),
+            default=environ.get(flag.env, default),
             help=f"{flag.help} (default {default}; env {flag.env})",
         )
+    # store_true keeps a string default unconverted: settings_from_namespace parses it.
     group.add_argument(
         FLAG_DISABLE.option, dest=FLAG_DISABLE.dest, action="store_true",
-        default=_env_default(FLAG_DISABLE, parse_switch, False, environ),
+        default=environ.get(FLAG_DISABLE.env, False),
         help=f"{FLAG_DISABLE.help} (env {FLAG_DISABLE.env})",
     )
 
@@ -148,8 +154,17 @@ def settings_from_namespace(args: argparse.Namespace) -> PluginSettings:
         json_label=getattr(args, FLAG_JSON_LABEL.dest, None) or defaults.json_label,
         cuda_image=getattr(args, FLAG_CUDA_IMAGE.dest, None) or defaults.cuda_image,
         cpu_image=getattr(args, FLAG_CPU_IMAGE.dest, None) or defaults.cpu_image,
-        disabled=bool(getattr(args, FLAG_DISABLE.dest, False)),
+        disabled=_switch_value(getattr(args, FLAG_DISABLE.dest, False)),
     )
+
+
+def _switch_value(value) -> bool:
+    if isinstance(value, str):  # the environment default, unparsed by argparse
+        try:
+            return parse_switch(value)
+        except ValueError as e:
+            raise ValueError(f"environment variable {FLAG_DISABLE.env}: {e}") from e
+    return bool(value)
 
 
 def settings_to_config(settings: PluginSettings) -> dict:

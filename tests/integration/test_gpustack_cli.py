@@ -32,3 +32,13 @@ def test_image_list_names_the_dspark_worker_images():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "gpustack-dspark-worker:0.1.0-cuda" in done.stdout
     assert "localhost/dspark-worker:cpu-x" in done.stdout
+
+
+def test_bad_environment_value_stops_start_only(tmp_path):
+    bad = {"GPUSTACK_DSPARK_JSON_LABEL": "json-inference"}
+    version = _gpustack("version", env_extra=bad)
+    assert version.returncode == 0, version.stderr[-2000:]
+    start = _gpustack("start", "--data-dir", str(tmp_path), env_extra=bad)
+    assert start.returncode == 2
+    assert ("error: argument --dspark-json-label: 'json-inference' is not KEY=VALUE "
+            "(for example role=json-inference) (from GPUSTACK_DSPARK_JSON_LABEL)") in start.stderr

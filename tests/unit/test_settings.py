@@ -95,11 +95,25 @@ def test_malformed_flag_fails_at_parse_time_naming_the_flag(argv, flag, capsys):
     assert flag in err and argv[1] in err
 
 
-def test_environment_supplies_defaults_and_bad_environment_names_the_variable():
-    args = _parser({"GPUSTACK_DSPARK_JSON_LABEL": "tier=json"}).parse_args([])
-    assert settings_from_namespace(args).json_label == ("tier", "json")
-    with pytest.raises(ValueError, match="GPUSTACK_DSPARK_JSON_LABEL"):
-        _parser({"GPUSTACK_DSPARK_JSON_LABEL": "nolabel"})
+def test_environment_supplies_defaults():
+    args = _parser({"GPUSTACK_DSPARK_JSON_LABEL": "tier=json", "GPUSTACK_DSPARK_DISABLE": "yes"}).parse_args([])
+    parsed = settings_from_namespace(args)
+    assert parsed.json_label == ("tier", "json") and parsed.disabled is True
+    # the command line wins over the environment
+    args = _parser({"GPUSTACK_DSPARK_JSON_LABEL": "tier=json"}).parse_args(["--dspark-json-label", "a=b"])
+    assert settings_from_namespace(args).json_label == ("a", "b")
+
+
+def test_bad_environment_fails_only_when_parsing_and_names_the_variable(capsys):
+    parser = _parser({"GPUSTACK_DSPARK_JSON_LABEL": "nolabel"})  # building the parser is fine
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    err = capsys.readouterr().err
+    assert "argument --dspark-json-label: 'nolabel' is not KEY=VALUE" in err
+    assert "(from GPUSTACK_DSPARK_JSON_LABEL)" in err
+    args = _parser({"GPUSTACK_DSPARK_DISABLE": "perhaps"}).parse_args([])
+    with pytest.raises(ValueError, match="environment variable GPUSTACK_DSPARK_DISABLE: 'perhaps' is not a boolean"):
+        settings_from_namespace(args)
 
 
 def test_config_without_plugin_keys_falls_back_to_environment():

@@ -1,0 +1,44 @@
+"""The dependency rule of docs/architecture.md, checked on the source."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gpustack_dspark"
+
+
+def _our_imports(path: Path) -> set:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gpustack_dspark"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpustack_dspark"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _modules(*parts):
+    root = PACKAGE.joinpath(*parts)
+    return [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+
+
+def test_knobs_imports_nothing_of_ours():
+    assert _our_imports(PACKAGE / "knobs.py") == set()
+
+
+def test_server_side_never_imports_the_devstack():
+    server_side = _modules("plugin.py") + _modules("backend.py") + _modules("settings.py") \
+        + _modules("placement") + _modules("observe")
+    for path in server_side:
+        assert not any("devstack" in name for name in _our_imports(path)), path
+
+
+def test_only_the_plugin_wires_observe_and_placement():
+    for path in _modules("backend.py") + _modules("settings.py") + _modules("knobs.py") + _modules("versions.py"):
+        imported = _our_imports(path)
+        assert not any(".observe" in n or ".placement" in n or n.endswith(".plugin") for n in imported), path
+
+
+def test_the_import_walker_sees_imports():
+    imported = _our_imports(PACKAGE / "plugin.py")
+    assert "gpustack_dspark.observe.status" in imported and "gpustack_dspark.backend" in imported
