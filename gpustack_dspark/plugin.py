@@ -19,9 +19,10 @@ from gpustack_dspark.placement import gpustack_patches
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
+    command_line_values,
     images_from_environment,
+    resolve_settings,
     settings_from_config,
-    settings_from_namespace,
     settings_to_config,
 )
 from gpustack_dspark.versions import SUPPORTED_GPUSTACK_VERSION, check_gpustack
@@ -45,7 +46,10 @@ class DSparkPlugin(Plugin):
 
     @classmethod
     def contribute_config(cls, args, config_data: dict) -> None:
-        config_data.update(settings_to_config(settings_from_namespace(args)))
+        # config_data already holds the --config-file keys; a bad value raises here, which
+        # GPUStack reports as a start failure before anything is started.
+        settings = resolve_settings(command_line_values(args), config_data)
+        config_data.update(settings_to_config(settings))
 
     @classmethod
     def extra_image_list(cls) -> List[str]:

@@ -1,14 +1,16 @@
 """The plugin's `gpustack start` settings: flags, parsing and validation (pure).
 
 Flags are registered on GPUStack's own argparse parser (plugin.py), so a malformed value
-fails while `gpustack start` parses its command line, with argparse naming the flag.
+fails while `gpustack start` parses its command line, naming the flag. Precedence follows
+GPUStack's own options: command line, then environment variable, then `--config-file` key
+(same name as the flag's dest, e.g. `dspark_json_label`), then the default.
 """
 
 import argparse
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Tuple
 
 from gpustack_dspark import __version__
 
@@ -113,21 +115,12 @@ class PluginSettings:
         return f"{self.json_label[0]}={self.json_label[1]}"
 
 
-def _env_default(flag: Flag, parse, fallback, environ: Mapping[str, str]):
-    raw = environ.get(flag.env)
-    if raw is None:
-        return fallback
-    try:
-        return parse(raw)
-    except ValueError as e:
-        raise ValueError(f"environment variable {flag.env}: {e}") from e
-
-
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
-    """Register the plugin's flags on `gpustack start`, defaults taken from the environment.
+    """Register the plugin's flags on `gpustack start`; unset flags default to the environment.
 
     Never raises: GPUStack builds this parser for every `gpustack` command, and a bad
     environment variable must only stop `gpustack start`, with a message naming it.
+    An unset flag with no environment variable stays None, so a config-file key can apply.
     """
     group = parser.add_argument_group("DSpark plugin (gpustack-dspark)")
     for flag, default, metavar, parse in (
@@ -137,34 +130,68 @@ def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] 
     ):
         group.add_argument(
             flag.option, dest=flag.dest, metavar=metavar, type=_argparse_type(parse, flag, environ),
-            default=environ.get(flag.env, default),
+            default=environ.get(flag.env),
             help=f"{flag.help} (default {default}; env {flag.env})",
         )
-    # store_true keeps a string default unconverted: settings_from_namespace parses it.
+    # store_true keeps a string default unconverted: resolve_settings parses it.
     group.add_argument(
         FLAG_DISABLE.option, dest=FLAG_DISABLE.dest, action="store_true",
-        default=environ.get(FLAG_DISABLE.env, False),
+        default=environ.get(FLAG_DISABLE.env),
         help=f"{FLAG_DISABLE.help} (env {FLAG_DISABLE.env})",
     )
 
 
-def settings_from_namespace(args: argparse.Namespace) -> PluginSettings:
+_PARSERS = (
+    (FLAG_JSON_LABEL, parse_label),
+    (FLAG_CUDA_IMAGE, parse_image),
+    (FLAG_CPU_IMAGE, parse_image),
+    (FLAG_DISABLE, parse_switch),
+)
+
+
+def _from_file(flag: Flag, parse, value: object) -> object:
+    if flag is FLAG_DISABLE and isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"config file key {flag.dest}: expected a string, got {value!r}")
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise ValueError(f"config file key {flag.dest}: {e}") from e
+
+
+def _from_command_line(flag: Flag, parse, value: object) -> object:
+    if flag is FLAG_DISABLE and isinstance(value, str):  # the environment default, unparsed
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise ValueError(f"environment variable {flag.env}: {e}") from e
+    return value  # argparse has converted it already
+
+
+def resolve_settings(command_line: Mapping[str, object], config_file: Mapping[str, object]) -> PluginSettings:
+    """Settings from parsed flags (None = not given) over config-file keys over defaults.
+    A bad value raises ValueError naming where it came from."""
     defaults = PluginSettings()
+    values = {
+        FLAG_JSON_LABEL.dest: defaults.json_label, FLAG_CUDA_IMAGE.dest: defaults.cuda_image,
+        FLAG_CPU_IMAGE.dest: defaults.cpu_image, FLAG_DISABLE.dest: defaults.disabled,
+    }
+    for flag, parse in _PARSERS:
+        if command_line.get(flag.dest) is not None:
+            values[flag.dest] = _from_command_line(flag, parse, command_line[flag.dest])
+        elif config_file.get(flag.dest) is not None:
+            values[flag.dest] = _from_file(flag, parse, config_file[flag.dest])
     return PluginSettings(
-        json_label=getattr(args, FLAG_JSON_LABEL.dest, None) or defaults.json_label,
-        cuda_image=getattr(args, FLAG_CUDA_IMAGE.dest, None) or defaults.cuda_image,
-        cpu_image=getattr(args, FLAG_CPU_IMAGE.dest, None) or defaults.cpu_image,
-        disabled=_switch_value(getattr(args, FLAG_DISABLE.dest, False)),
+        json_label=values[FLAG_JSON_LABEL.dest],
+        cuda_image=values[FLAG_CUDA_IMAGE.dest],
+        cpu_image=values[FLAG_CPU_IMAGE.dest],
+        disabled=bool(values[FLAG_DISABLE.dest]),
     )
 
 
-def _switch_value(value) -> bool:
-    if isinstance(value, str):  # the environment default, unparsed by argparse
-        try:
-            return parse_switch(value)
-        except ValueError as e:
-            raise ValueError(f"environment variable {FLAG_DISABLE.env}: {e}") from e
-    return bool(value)
+def command_line_values(args: argparse.Namespace) -> Dict[str, object]:
+    return {flag.dest: getattr(args, flag.dest, None) for flag, _ in _PARSERS}
 
 
 def settings_to_config(settings: PluginSettings) -> dict:
@@ -178,33 +205,22 @@ def settings_to_config(settings: PluginSettings) -> dict:
 
 
 def settings_from_config(cfg: object, environ: Mapping[str, str] = os.environ) -> PluginSettings:
-    """Read settings back off GPUStack's Config; a server started without our flags
-    (config file, embedded use) falls back to the environment, then to defaults."""
-    defaults = PluginSettings()
-
-    def pick(flag: Flag, parse, fallback):
-        value = getattr(cfg, flag.dest, None)
-        if value is None:
-            return _env_default(flag, parse, fallback, environ)
-        return parse(value) if isinstance(value, str) else value
-
-    return PluginSettings(
-        json_label=pick(FLAG_JSON_LABEL, parse_label, defaults.json_label),
-        cuda_image=pick(FLAG_CUDA_IMAGE, parse_image, defaults.cuda_image),
-        cpu_image=pick(FLAG_CPU_IMAGE, parse_image, defaults.cpu_image),
-        disabled=bool(pick(FLAG_DISABLE, parse_switch, False)),
-    )
+    """Read settings back off GPUStack's Config. A server whose Config did not go through
+    `gpustack start` (so no contribute_config) gets the environment, then the defaults."""
+    on_config = {flag.dest: getattr(cfg, flag.dest, None) for flag, _ in _PARSERS}
+    from_environment = {flag.dest: environ.get(flag.env) for flag, _ in _PARSERS}
+    return resolve_settings({}, {**{k: v for k, v in from_environment.items() if v is not None},
+                                 **{k: v for k, v in on_config.items() if v is not None}})
 
 
 def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[str, str]:
     """The worker images for GPUStack's image list (`gpustack list-images` / `save-images`),
     which runs with no server config: from the environment, else the defaults. A malformed
     variable falls back to the default here; `gpustack start` reports it properly."""
-    defaults = PluginSettings()
     images = []
-    for flag, default in ((FLAG_CUDA_IMAGE, defaults.cuda_image), (FLAG_CPU_IMAGE, defaults.cpu_image)):
+    for flag, default in ((FLAG_CUDA_IMAGE, DEFAULT_CUDA_IMAGE), (FLAG_CPU_IMAGE, DEFAULT_CPU_IMAGE)):
         try:
-            images.append(_env_default(flag, parse_image, default, environ))
+            images.append(parse_image(environ.get(flag.env) or default))
         except ValueError:
             images.append(default)
     return images[0], images[1]

@@ -63,3 +63,14 @@ def test_disable_switch_turns_features_off(start_server):
         assert status["features"][feature] == {"state": "disabled", "reason": "turned off by --dspark-disable"}
     assert backend.BACKEND_NAME not in _assert_gpustack_serves(server, api)
     server.stop()
+
+
+def test_config_file_settings_reach_the_plugin(start_server, tmp_path):
+    config = tmp_path / "gpustack.yaml"
+    config.write_text("dspark_json_label: pool=json\ndspark_cpu_image: localhost/dspark-worker:from-file\n")
+    server = start_server(extra_args=["--config-file", str(config)])
+    api = admin_api(server)
+    status = dspark_status(server, api.api_key)
+    assert status["settings"]["json_label"] == "pool=json"
+    assert status["settings"]["cpu_image"] == "localhost/dspark-worker:from-file"
+    server.stop()

@@ -42,3 +42,12 @@ def test_bad_environment_value_stops_start_only(tmp_path):
     assert start.returncode == 2
     assert ("error: argument --dspark-json-label: 'json-inference' is not KEY=VALUE "
             "(for example role=json-inference) (from GPUSTACK_DSPARK_JSON_LABEL)") in start.stderr
+
+
+def test_bad_config_file_value_stops_start_naming_the_key(tmp_path):
+    config = tmp_path / "gpustack.yaml"
+    config.write_text("dspark_json_label: json-inference\n")
+    done = _gpustack("start", "--config-file", str(config), "--data-dir", str(tmp_path / "data"))
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "config file key dspark_json_label: 'json-inference' is not KEY=VALUE" in output

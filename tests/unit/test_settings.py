@@ -4,9 +4,13 @@ import pytest
 
 from gpustack_dspark import settings
 from gpustack_dspark.settings import (
-    PluginSettings, add_start_flags, parse_image, parse_label, parse_switch,
-    settings_from_config, settings_from_namespace, settings_to_config,
+    PluginSettings, add_start_flags, command_line_values, parse_image, parse_label, parse_switch,
+    resolve_settings, settings_from_config, settings_to_config,
 )
+
+
+def settings_from_namespace(args, config_file=None):
+    return resolve_settings(command_line_values(args), config_file or {})
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -114,6 +118,26 @@ def test_bad_environment_fails_only_when_parsing_and_names_the_variable(capsys):
     args = _parser({"GPUSTACK_DSPARK_DISABLE": "perhaps"}).parse_args([])
     with pytest.raises(ValueError, match="environment variable GPUSTACK_DSPARK_DISABLE: 'perhaps' is not a boolean"):
         settings_from_namespace(args)
+
+
+def test_config_file_keys_apply_under_flags_and_environment():
+    config_file = {"dspark_json_label": "pool=json", "dspark_cpu_image": "localhost/a:1", "dspark_disable": True}
+    assert settings_from_namespace(_parser().parse_args([]), config_file) == PluginSettings(
+        json_label=("pool", "json"), cpu_image="localhost/a:1", disabled=True)
+    args = _parser({"GPUSTACK_DSPARK_CPU_IMAGE": "localhost/env:1"}).parse_args(["--dspark-json-label", "x=y"])
+    merged = settings_from_namespace(args, config_file)
+    assert (merged.json_label, merged.cpu_image) == (("x", "y"), "localhost/env:1")
+
+
+@pytest.mark.parametrize("config_file,message", [
+    ({"dspark_json_label": "nolabel"}, "config file key dspark_json_label: 'nolabel' is not KEY=VALUE"),
+    ({"dspark_cuda_image": 42}, "config file key dspark_cuda_image: expected a string, got 42"),
+    ({"dspark_disable": "perhaps"}, "config file key dspark_disable: 'perhaps' is not a boolean"),
+])
+def test_bad_config_file_values_name_the_key(config_file, message):
+    with pytest.raises(ValueError) as e:
+        settings_from_namespace(_parser().parse_args([]), config_file)
+    assert message in str(e.value)
 
 
 def test_config_without_plugin_keys_falls_back_to_environment():
