@@ -133,7 +133,7 @@ class DSparkPlugin(Plugin):
                     logger.error("%s (gave up after %d attempts)", reason, attempt)
                     self.features.disable(FEATURE_BACKEND, reason)
                     return
-                logger.warning("%s; retrying in %.0f s", reason, delay)
+                logger.warning("%s; retrying in %.1f s", reason, delay)
                 await asyncio.sleep(delay)
                 delay *= 2
                 continue
@@ -150,12 +150,7 @@ class DSparkPlugin(Plugin):
                 "supported_version": SUPPORTED_GPUSTACK_VERSION,
                 "supported": self.version_check.ok,
             },
-            "settings": {
-                "json_label": settings.json_label_text,
-                "cuda_image": settings.cuda_image,
-                "cpu_image": settings.cpu_image,
-                "disabled": settings.disabled,
-            } if settings else None,
+            "settings": settings.as_dict() if settings else None,
             "backend": {
                 **self.backend_info,
                 "health_check_path": backend.HEALTH_CHECK_PATH,

@@ -114,6 +114,10 @@ class PluginSettings:
     def json_label_text(self) -> str:
         return f"{self.json_label[0]}={self.json_label[1]}"
 
+    def as_dict(self) -> Dict[str, object]:
+        return {"json_label": self.json_label_text, "cuda_image": self.cuda_image,
+                "cpu_image": self.cpu_image, "disabled": self.disabled}
+
 
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
     """Register the plugin's flags on `gpustack start`; unset flags default to the environment.

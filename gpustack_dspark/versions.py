@@ -37,7 +37,7 @@ class VersionCheck:
 def installed_version(distribution: str) -> Optional[str]:
     try:
         return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
+    except Exception:  # not installed, or metadata unreadable: either way, not supported
         return None
 
 
