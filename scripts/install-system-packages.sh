@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs, with apt, the system packages the devstack needs and this machine lacks.
+# Installs, with apt, the system packages the devstack and the tests need and this machine
+# lacks: PostgreSQL's server binaries, runuser, and Chromium (the UI tests drive Debian's
+# Chromium through Playwright; Playwright's own browser download cannot work offline).
 # Nothing is installed when everything is already there.
 set -euo pipefail
 
 missing=()
 compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || missing+=(postgresql)
 command -v runuser >/dev/null || missing+=(util-linux)
+command -v chromium >/dev/null || missing+=(chromium)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
