@@ -1,6 +1,5 @@
 """The plugin inside a real GPUStack 2.3.0 server on a real PostgreSQL."""
 
-
 import httpx
 import psutil
 import pytest
