@@ -7,8 +7,8 @@ GPUStack 2.3, so putting them on the vLLM row would pre-fill `--enable-dspark` a
 `/dspark/ready` health path into every stock vLLM deployment. A custom backend also
 schedules natively on CPU-only workers (`custom_framework: cpu` + CPU offloading), which
 GPUStack's vLLM resource fit has no path for. GPU deployments keep tensor parallelism
-through the run command (`{{gpu_count}}`) and get vLLM's VRAM fit from the placement
-policy (docs/architecture.md).
+through the run command (`{{gpu_count}}`) and get GPUStack's own vLLM VRAM fit through
+`placement/gpustack_patches.py` (docs/architecture.md).
 
 The definition and the merge with what the database holds are pure; `register_backend`
 is the thin database glue that runs inside the GPUStack server.
