@@ -155,8 +155,8 @@ class DSparkPlugin(Plugin):
                 **self.backend_info,
                 "health_check_path": backend.HEALTH_CHECK_PATH,
                 "versions": {
-                    backend.CUDA_VERSION: settings.cuda_image,
-                    backend.CPU_VERSION: settings.cpu_image,
+                    name: config["image_name"]
+                    for name, config in backend.desired_backend(settings)["version_configs"].items()
                 } if settings else {},
             },
             "features": self.features.snapshot(),

@@ -9,8 +9,8 @@ GPUStack's own options: command line, then environment variable, then `--config-
 import argparse
 import os
 import re
-from dataclasses import dataclass
-from typing import Dict, Mapping, Tuple
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from gpustack_dspark import __version__
 
@@ -30,23 +30,6 @@ _IMAGE_RE = re.compile(
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
 )
 
-
-@dataclass(frozen=True)
-class Flag:
-    dest: str
-    option: str
-    env: str
-    help: str
-
-
-FLAG_JSON_LABEL = Flag("dspark_json_label", "--dspark-json-label", "GPUSTACK_DSPARK_JSON_LABEL",
-                       "worker label KEY=VALUE that marks JSON-inference workers")
-FLAG_CUDA_IMAGE = Flag("dspark_cuda_image", "--dspark-cuda-image", "GPUSTACK_DSPARK_CUDA_IMAGE",
-                       "container image of the DSpark worker for CUDA GPUs")
-FLAG_CPU_IMAGE = Flag("dspark_cpu_image", "--dspark-cpu-image", "GPUSTACK_DSPARK_CPU_IMAGE",
-                      "container image of the DSpark worker for CPU-only workers")
-FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISABLE",
-                    "load the plugin but turn all of its features off")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -88,18 +71,46 @@ def parse_switch(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean (one of: true, false, 1, 0, yes, no)")
 
 
-def _argparse_type(parse, flag: Flag, environ: Mapping[str, str]):
+@dataclass(frozen=True)
+class Flag:
+    dest: str  # argparse dest, GPUStack Config attribute and --config-file key
+    option: str
+    env: str
+    field: str  # the PluginSettings attribute it sets
+    parse: Callable[[str], object]
+    default_text: str
+    metavar: Optional[str]
+    help: str
+
+
+FLAG_JSON_LABEL = Flag("dspark_json_label", "--dspark-json-label", "GPUSTACK_DSPARK_JSON_LABEL",
+                       "json_label", parse_label, DEFAULT_JSON_LABEL, "KEY=VALUE",
+                       "worker label KEY=VALUE that marks JSON-inference workers")
+FLAG_CUDA_IMAGE = Flag("dspark_cuda_image", "--dspark-cuda-image", "GPUSTACK_DSPARK_CUDA_IMAGE",
+                       "cuda_image", parse_image, DEFAULT_CUDA_IMAGE, "IMAGE",
+                       "container image of the DSpark worker for CUDA GPUs")
+FLAG_CPU_IMAGE = Flag("dspark_cpu_image", "--dspark-cpu-image", "GPUSTACK_DSPARK_CPU_IMAGE",
+                      "cpu_image", parse_image, DEFAULT_CPU_IMAGE, "IMAGE",
+                      "container image of the DSpark worker for CPU-only workers")
+FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISABLE",
+                    "disabled", parse_switch, "off", None,
+                    "load the plugin but turn all of its features off")
+FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE)
+VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE)
+
+
+def _argparse_type(flag: Flag, environ: Mapping[str, str]):
     """argparse converts string defaults with `type` too, and only for the command being
     parsed: an environment default is therefore validated by `gpustack start` alone, never
     while other gpustack commands build their parsers."""
     def convert(value: str):
         try:
-            return parse(value)
+            return flag.parse(value)
         except ValueError as e:
             source = f" (from {flag.env})" if environ.get(flag.env) == value else ""
             raise argparse.ArgumentTypeError(f"{e}{source}") from e
 
-    convert.__name__ = parse.__name__.removeprefix("parse_")
+    convert.__name__ = flag.parse.__name__.removeprefix("parse_")
     return convert
 
 
@@ -127,15 +138,11 @@ def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] 
     An unset flag with no environment variable stays None, so a config-file key can apply.
     """
     group = parser.add_argument_group("DSpark plugin (gpustack-dspark)")
-    for flag, default, metavar, parse in (
-        (FLAG_JSON_LABEL, DEFAULT_JSON_LABEL, "KEY=VALUE", parse_label),
-        (FLAG_CUDA_IMAGE, DEFAULT_CUDA_IMAGE, "IMAGE", parse_image),
-        (FLAG_CPU_IMAGE, DEFAULT_CPU_IMAGE, "IMAGE", parse_image),
-    ):
+    for flag in VALUE_FLAGS:
         group.add_argument(
-            flag.option, dest=flag.dest, metavar=metavar, type=_argparse_type(parse, flag, environ),
+            flag.option, dest=flag.dest, metavar=flag.metavar, type=_argparse_type(flag, environ),
             default=environ.get(flag.env),
-            help=f"{flag.help} (default {default}; env {flag.env})",
+            help=f"{flag.help} (default {flag.default_text}; env {flag.env})",
         )
     # store_true keeps a string default unconverted: resolve_settings parses it.
     group.add_argument(
@@ -145,76 +152,55 @@ def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] 
     )
 
 
-_PARSERS = (
-    (FLAG_JSON_LABEL, parse_label),
-    (FLAG_CUDA_IMAGE, parse_image),
-    (FLAG_CPU_IMAGE, parse_image),
-    (FLAG_DISABLE, parse_switch),
-)
-
-
-def _from_file(flag: Flag, parse, value: object) -> object:
+def _parse_raw(flag: Flag, value: object, where: str) -> object:
+    """A value not yet through argparse (environment, config file), errors naming `where`."""
     if flag is FLAG_DISABLE and isinstance(value, bool):
         return value
     if not isinstance(value, str):
-        raise ValueError(f"config file key {flag.dest}: expected a string, got {value!r}")
+        raise ValueError(f"{where}: expected a string, got {value!r}")
     try:
-        return parse(value)
+        return flag.parse(value)
     except ValueError as e:
-        raise ValueError(f"config file key {flag.dest}: {e}") from e
+        raise ValueError(f"{where}: {e}") from e
 
 
-def _from_command_line(flag: Flag, parse, value: object) -> object:
-    if flag is FLAG_DISABLE and isinstance(value, str):  # the environment default, unparsed
-        try:
-            return parse(value)
-        except ValueError as e:
-            raise ValueError(f"environment variable {flag.env}: {e}") from e
-    return value  # argparse has converted it already
-
-
-def resolve_settings(command_line: Mapping[str, object], config_file: Mapping[str, object]) -> PluginSettings:
-    """Settings from parsed flags (None = not given) over config-file keys over defaults.
-    A bad value raises ValueError naming where it came from."""
-    defaults = PluginSettings()
-    values = {
-        FLAG_JSON_LABEL.dest: defaults.json_label, FLAG_CUDA_IMAGE.dest: defaults.cuda_image,
-        FLAG_CPU_IMAGE.dest: defaults.cpu_image, FLAG_DISABLE.dest: defaults.disabled,
-    }
-    for flag, parse in _PARSERS:
-        if command_line.get(flag.dest) is not None:
-            values[flag.dest] = _from_command_line(flag, parse, command_line[flag.dest])
+def resolve_settings(command_line: Mapping[str, object], config_file: Mapping[str, object],
+                     environment: Optional[Mapping[str, str]] = None) -> PluginSettings:
+    """Settings from parsed flags (None = not given), then raw environment variables, then
+    config-file keys, then defaults. A bad value raises ValueError naming where it came from.
+    (From `gpustack start`, environment defaults already sit in `command_line`.)"""
+    environment = environment or {}
+    chosen = {}
+    for flag in FLAGS:
+        given = command_line.get(flag.dest)
+        if isinstance(given, str) and flag is FLAG_DISABLE:  # argparse left the env default raw
+            chosen[flag.field] = _parse_raw(flag, given, f"environment variable {flag.env}")
+        elif given is not None:
+            chosen[flag.field] = given  # argparse has converted it already
+        elif environment.get(flag.env) is not None:
+            chosen[flag.field] = _parse_raw(flag, environment[flag.env], f"environment variable {flag.env}")
         elif config_file.get(flag.dest) is not None:
-            values[flag.dest] = _from_file(flag, parse, config_file[flag.dest])
-    return PluginSettings(
-        json_label=values[FLAG_JSON_LABEL.dest],
-        cuda_image=values[FLAG_CUDA_IMAGE.dest],
-        cpu_image=values[FLAG_CPU_IMAGE.dest],
-        disabled=bool(values[FLAG_DISABLE.dest]),
-    )
+            chosen[flag.field] = _parse_raw(flag, config_file[flag.dest], f"config file key {flag.dest}")
+    return replace(PluginSettings(), **chosen)
 
 
 def command_line_values(args: argparse.Namespace) -> Dict[str, object]:
-    return {flag.dest: getattr(args, flag.dest, None) for flag, _ in _PARSERS}
+    return {flag.dest: getattr(args, flag.dest, None) for flag in FLAGS}
 
 
 def settings_to_config(settings: PluginSettings) -> dict:
     """The keys the plugin adds to GPUStack's Config (which allows extra keys)."""
-    return {
-        FLAG_JSON_LABEL.dest: settings.json_label_text,
-        FLAG_CUDA_IMAGE.dest: settings.cuda_image,
-        FLAG_CPU_IMAGE.dest: settings.cpu_image,
-        FLAG_DISABLE.dest: settings.disabled,
-    }
+    values = settings.as_dict()
+    return {flag.dest: values[flag.field] for flag in FLAGS}
 
 
 def settings_from_config(cfg: object, environ: Mapping[str, str] = os.environ) -> PluginSettings:
     """Read settings back off GPUStack's Config. A server whose Config did not go through
     `gpustack start` (so no contribute_config) gets the environment, then the defaults."""
-    on_config = {flag.dest: getattr(cfg, flag.dest, None) for flag, _ in _PARSERS}
-    from_environment = {flag.dest: environ.get(flag.env) for flag, _ in _PARSERS}
-    return resolve_settings({}, {**{k: v for k, v in from_environment.items() if v is not None},
-                                 **{k: v for k, v in on_config.items() if v is not None}})
+    on_config = {flag.dest: getattr(cfg, flag.dest, None) for flag in FLAGS}
+    for_missing = {flag.env: environ[flag.env] for flag in FLAGS
+                   if on_config[flag.dest] is None and flag.env in environ}
+    return resolve_settings({}, on_config, environment=for_missing)
 
 
 def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[str, str]:
@@ -222,9 +208,9 @@ def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[st
     which runs with no server config: from the environment, else the defaults. A malformed
     variable falls back to the default here; `gpustack start` reports it properly."""
     images = []
-    for flag, default in ((FLAG_CUDA_IMAGE, DEFAULT_CUDA_IMAGE), (FLAG_CPU_IMAGE, DEFAULT_CPU_IMAGE)):
+    for flag in (FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE):
         try:
-            images.append(parse_image(environ.get(flag.env) or default))
+            images.append(parse_image(environ.get(flag.env) or flag.default_text))
         except ValueError:
-            images.append(default)
+            images.append(flag.default_text)
     return images[0], images[1]

@@ -32,12 +32,10 @@ class ServerFactory:
         self.base = base
         self.started: List[GPUStackServer] = []
 
-    def __call__(self, extra_args: Optional[List[str]] = None, fault: Optional[str] = None,
-                 fresh_database: bool = True, data_dir: Optional[Path] = None) -> GPUStackServer:
-        if fresh_database:
-            self.postgres.reset()
+    def __call__(self, extra_args: Optional[List[str]] = None, fault: Optional[str] = None) -> GPUStackServer:
+        self.postgres.reset()
         server = GPUStackServer(
-            data_dir=data_dir or self.base / f"server-{len(self.started)}",
+            data_dir=self.base / f"server-{len(self.started)}",
             database_url=self.postgres.url,
             extra_args=list(extra_args or []),
             sitecustomize_extra=["dspark_test_faults"] if fault else [],

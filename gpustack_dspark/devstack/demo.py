@@ -17,7 +17,7 @@ from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.postgres import start_postgres
 from gpustack_dspark.devstack.server import ADMIN_USER, GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
-from gpustack_dspark.settings import DEFAULT_JSON_LABEL, parse_label
+from gpustack_dspark.settings import DEFAULT_JSON_LABEL, PluginSettings
 
 
 def _say(message: str) -> None:
@@ -51,9 +51,8 @@ def run_demo(port: int, with_worker: bool, state_dir: Optional[Path], stop: thre
         api = GPUStackAPI(server.url, server.create_api_key("dspark-demo"))
 
         if with_worker:
-            key, value = parse_label(DEFAULT_JSON_LABEL)
             worker: GPUStackWorker = join_cpu_worker(api, server.url, "json-cpu-1", base / "worker",
-                                                     labels={key: value})
+                                                     labels=dict([PluginSettings().json_label]))
             started.append(worker)
             _say(f"[demo] CPU worker json-cpu-1 ready, labelled {DEFAULT_JSON_LABEL} ({time.monotonic() - t0:.0f}s)")
 
