@@ -95,14 +95,15 @@ def _schema_source(where: str, raw: Any) -> str:
     if isinstance(raw, dict):
         return json.dumps(raw)
     value = _text("a JSON Schema: inline JSON object or a file path")(where, raw)
-    if value.startswith("{"):
+    if value.startswith(("{", "[")):
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as e:
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
                             f"not valid JSON: {e.msg} at char {e.pos}") from None
         if not isinstance(parsed, dict):
-            raise KnobError(where, _short(value), "a JSON object")
+            raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
+                            "a schema must be a JSON object")
     return value
 
 
@@ -267,7 +268,8 @@ def knob_table_markdown() -> str:
         default = getattr(defaults, knob.name)
         shown = "per method" if knob.name == "speculative_length" else (
             "off" if knob.is_switch else ("—" if default is None else str(default)))
-        lines.append(f"| `{knob.flag}` | {knob.allowed} | {shown} | {knob.help} |")
+        cells = [f"`{knob.flag}`", knob.allowed, shown, knob.help]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
 

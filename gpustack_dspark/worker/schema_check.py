@@ -20,13 +20,39 @@ _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="dspark-schema")
 _verdicts: Dict[str, Optional[str]] = {}
 _lock = threading.Lock()
+# The model's tokenizer: xgrammar can parse some schemas it then fails to compile against a
+# vocabulary (vLLM answers those with a 500), so the check compiles like vLLM does.
+_tokenizer_source: Dict[str, Any] = {}
+_compiler: Any = None
+
+
+def use_model_tokenizer(model_path: str, vocab_size: Optional[int]) -> None:
+    """Compile schemas against this model's vocabulary (as vLLM's xgrammar backend does)."""
+    global _compiler
+    _tokenizer_source.update(path=model_path, vocab_size=vocab_size)
+    _compiler = None
+
+
+def _grammar_compiler():
+    global _compiler
+    if _compiler is None and _tokenizer_source.get("path"):
+        try:
+            import xgrammar
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source["path"])
+            info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=_tokenizer_source.get("vocab_size"))
+            _compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        except Exception:  # no tokenizer in the folder: the grammar parse is the best check left
+            _tokenizer_source.clear()
+    return _compiler
 
 
 def load_schema_knob(source: str) -> Dict[str, Any]:
     """--dspark-schema: inline JSON or a file path -> the schema, or KnobError."""
     flag, allowed = "--dspark-schema", "a JSON Schema: inline JSON object or a readable file"
     text = source
-    if not source.lstrip().startswith("{"):
+    if not source.lstrip().startswith(("{", "[")):
         try:
             text = Path(source).read_text()
         except OSError as e:
@@ -91,7 +117,11 @@ def _compile_problem(text: str) -> Optional[str]:
     except ImportError:
         return None
     try:
-        xgrammar.Grammar.from_json_schema(text, any_whitespace=False)
+        compiler = _grammar_compiler()
+        if compiler is not None:
+            compiler.compile_json_schema(text, any_whitespace=False)
+        else:
+            xgrammar.Grammar.from_json_schema(text, any_whitespace=False)
     except Exception as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         message = _CPP_PREFIX.sub("", message)

@@ -108,10 +108,13 @@ def prepare(argv: Sequence[str]) -> Tuple[bool, DSparkKnobs, LaunchPlan, Optiona
 
     from gpustack_dspark.worker import schema_check, warmup
 
+    model_config = read_config_json(model, "MODEL")
+    if Path(model).is_dir():
+        schema_check.use_model_tokenizer(model, (model_config or {}).get("vocab_size"))
     default_schema = schema_check.load_schema_knob(knobs.schema) if knobs.schema and knobs.enable else None
     templates = warmup.load_warmup_file(knobs.warmup_file) if knobs.warmup_file else []
     plan = plan_launch(model, knobs, passthrough,
-                       config=read_config_json(model, "MODEL"),
+                       config=model_config,
                        draft=read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None,
                        env=probe_environment())
     return print_only, knobs, plan, default_schema, templates
