@@ -62,6 +62,14 @@ def parse_image(value: str) -> str:
     return value
 
 
+def parse_directory(value: str) -> str:
+    """A directory path (made absolute). Whether it exists is checked by the feature that
+    reads it, so a missing directory turns off that feature, not the server."""
+    if not value.strip():
+        raise ValueError("the directory path is empty")
+    return os.path.abspath(value)
+
+
 def parse_switch(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in _TRUE:
@@ -95,8 +103,11 @@ FLAG_CPU_IMAGE = Flag("dspark_cpu_image", "--dspark-cpu-image", "GPUSTACK_DSPARK
 FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISABLE",
                     "disabled", parse_switch, "off", None,
                     "load the plugin but turn all of its features off")
-FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE)
-VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE)
+FLAG_POLICY_DIR = Flag("dspark_policy_dir", "--dspark-policy-dir", "GPUSTACK_DSPARK_POLICY_DIR",
+                       "policy_dir", parse_directory, "none: built-in policies", "DIR",
+                       "directory of the plugin's policy files (placement.yaml)")
+FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE, FLAG_POLICY_DIR)
+VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_POLICY_DIR)
 
 
 def _argparse_type(flag: Flag, environ: Mapping[str, str]):
@@ -120,6 +131,7 @@ class PluginSettings:
     cuda_image: str = DEFAULT_CUDA_IMAGE
     cpu_image: str = DEFAULT_CPU_IMAGE
     disabled: bool = False
+    policy_dir: Optional[str] = None
 
     @property
     def json_label_text(self) -> str:
@@ -127,7 +139,7 @@ class PluginSettings:
 
     def as_dict(self) -> Dict[str, object]:
         return {"json_label": self.json_label_text, "cuda_image": self.cuda_image,
-                "cpu_image": self.cpu_image, "disabled": self.disabled}
+                "cpu_image": self.cpu_image, "disabled": self.disabled, "policy_dir": self.policy_dir}
 
 
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
