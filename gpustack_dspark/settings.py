@@ -13,16 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from gpustack_dspark import __version__
+from gpustack_dspark.labels import parse_label
 
 DEFAULT_JSON_LABEL = "role=json-inference"
 DEFAULT_CUDA_IMAGE = f"gpustack-dspark-worker:{__version__}-cuda"
 DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
 
-# Kubernetes label syntax, which GPUStack worker labels follow: an optional DNS prefix,
-# a name of alphanumerics with -_. inside, at most 63 characters; values the same or empty.
-_LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
 # An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path; as in
 # Docker, a first component is a registry only with a dot, a port, or `localhost`.
 _IMAGE_RE = re.compile(
@@ -33,24 +29,6 @@ _IMAGE_RE = re.compile(
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-
-
-def parse_label(value: str) -> Tuple[str, str]:
-    """`KEY=VALUE` -> (key, value); ValueError says what is wrong and what is allowed."""
-    if "=" not in value:
-        raise ValueError(f"{value!r} is not KEY=VALUE (for example role=json-inference)")
-    key, label_value = value.split("=", 1)
-    if not _LABEL_KEY_RE.match(key):
-        raise ValueError(
-            f"label key {key!r} is not a valid label key "
-            "(letters, digits, '-', '_', '.', at most 63 characters, optional DNS prefix/)"
-        )
-    if not _LABEL_VALUE_RE.match(label_value) or not label_value:
-        raise ValueError(
-            f"label value {label_value!r} is not a valid label value "
-            "(non-empty; letters, digits, '-', '_', '.', at most 63 characters)"
-        )
-    return key, label_value
 
 
 def parse_image(value: str) -> str:

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from gpustack_dspark.backend import BACKEND_NAME
-from gpustack_dspark.settings import parse_label
+from gpustack_dspark.labels import parse_label
 
 POLICY_FILE = "placement.yaml"
 DEFAULT_ISOLATION = True
