@@ -16,6 +16,7 @@ from gpustack_dspark import __version__, backend
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.status import build_status_router
 from gpustack_dspark.placement import gpustack_patches
+from gpustack_dspark.placement.policy import PlacementPolicy, load_policy
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
@@ -32,8 +33,9 @@ logger = logging.getLogger(__name__)
 FEATURE_STATUS_API = "status_api"
 FEATURE_BACKEND = "backend_registration"
 FEATURE_VLLM_FIT = "vllm_resource_fit"
+FEATURE_PLACEMENT = "placement_policy"
 # Features that need GPUStack internals; they wait on the version check.
-INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT)
+INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -60,6 +62,7 @@ class DSparkPlugin(Plugin):
         self.settings: Optional[PluginSettings] = None
         self.version_check = check_gpustack()
         self.backend_info: Dict[str, Any] = {"name": backend.BACKEND_NAME}
+        self.placement_policy: Optional[PlacementPolicy] = None
         self._tasks: List[Callable[[], Awaitable[None]]] = []
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
@@ -91,6 +94,7 @@ class DSparkPlugin(Plugin):
             return
 
         self._apply_vllm_fit()
+        self._apply_placement_policy()
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -108,6 +112,20 @@ class DSparkPlugin(Plugin):
         else:
             logger.warning("DSpark CUDA models use GPUStack's custom-backend fit: %s", result.reason)
             self.features.disable(FEATURE_VLLM_FIT, result.reason)
+
+    def _apply_placement_policy(self) -> None:
+        # A bad policy file turns off this feature only; GPUStack then schedules as usual.
+        try:
+            self.placement_policy = load_policy(self.settings.policy_dir, self.settings.json_label)
+            result = gpustack_patches.enforce_placement_policy(lambda: self.placement_policy)
+        except Exception as e:
+            result = gpustack_patches.PatchResult(False, str(e))
+        if not result.applied:
+            self.placement_policy = None
+            logger.error("DSpark placement policy is off: %s", result.reason)
+            self.features.disable(FEATURE_PLACEMENT, result.reason)
+            return
+        self.features.enable(FEATURE_PLACEMENT, **self.placement_policy.as_dict())
 
     def async_tasks(self) -> List[Coroutine[Any, Any, Any]]:
         return [self._guarded(task) for task in self._tasks]
