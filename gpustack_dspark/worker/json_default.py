@@ -48,6 +48,12 @@ def requested_schema(body: Dict[str, Any]) -> Optional[Any]:
     return None
 
 
+def wants_json_object(body: Dict[str, Any]) -> bool:
+    fmt, so = body.get("response_format"), body.get("structured_outputs")
+    return (isinstance(fmt, dict) and fmt.get("type") == "json_object") or (
+        isinstance(so, dict) and bool(so.get("json_object")))
+
+
 def rewrite(path: str, body: Dict[str, Any], default_schema: Optional[Dict[str, Any]]) -> Rewrite:
     """Apply the JSON default to one request body (a dict from the request's JSON)."""
     legacy = [k for k in body if k in LEGACY_FIELDS or k in LEGACY_OPTIONS or k in LEGACY_DROPPED]

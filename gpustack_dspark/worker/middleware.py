@@ -22,6 +22,7 @@ logger = logging.getLogger("gpustack_dspark.worker")
 READY_PATH = "/dspark/ready"
 INFO_PATH = "/dspark/info"
 HEALTH_PROBE_TIMEOUT_S = 0.8
+ANY_JSON: Dict[str, Any] = {}  # the empty schema: "any JSON value" (json_object replies)
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 Scope = Dict[str, Any]
@@ -144,13 +145,18 @@ class DSparkMiddleware:
                 return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {problem}",
                                                                 param="response_format"))
 
+        if schema is None and json_default.wants_json_object(body):
+            schema = ANY_JSON
         new_raw = json.dumps(body).encode()
         if body.get("stream"):
             return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
-        return await self._with_stats(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+        return await self._finished(state, schema, _with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
 
-    async def _with_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Buffer a non-streamed JSON response to add usage.dspark_stats."""
+    async def _finished(self, state: worker_state.WorkerState, schema: Optional[Any], scope: Scope,
+                        receive: Receive, send: Send) -> None:
+        """Buffer a non-streamed JSON response: add usage.dspark_stats, and never deliver a reply
+        that breaks the requested schema (the grammar engine does not enforce every keyword
+        exactly; e.g. xgrammar 0.2.8 mis-converts some string patterns)."""
         start: Dict[str, Any] = {}
         chunks: List[bytes] = []
 
@@ -163,12 +169,47 @@ class DSparkMiddleware:
                 if message.get("more_body"):
                     return
                 body = _add_stats(start, b"".join(chunks))  # also fixes content-length in start
+                violation = schema_violation(start, body, schema)
+                if violation:
+                    state.count("schema_violations")
+                    logger.error("reply withheld: %s", violation)
+                    return await _send_json(send, 500, {"error": {
+                        "message": f"the reply does not validate against the requested schema ({violation}); "
+                                   "it was not delivered", "type": "SchemaViolationError", "param": None, "code": 500}})
                 await send(start)
                 await send({"type": "http.response.body", "body": body})
                 return
             await send(message)
 
         await self.app(scope, receive, capture)
+
+
+def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:
+    """Why a finished reply breaks `schema` (None when it validates, was cut by max_tokens, or
+    there is nothing to check)."""
+    if schema is None or start.get("status") != 200:
+        return None
+    try:
+        import jsonschema
+
+        payload = json.loads(body)
+        for choice in payload.get("choices") or []:
+            if choice.get("finish_reason") != "stop":
+                continue
+            content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+            if content is None:
+                continue
+            try:
+                value = json.loads(content)
+            except json.JSONDecodeError as e:
+                return f"not JSON: {e.msg}"
+            error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+                return f"at {where}: {error.message[:200]}"
+    except Exception as e:  # a checker problem must not eat a good reply
+        logger.warning("schema check of a reply failed: %s", e)
+    return None
 
 
 def _add_stats(start: Dict[str, Any], body: bytes) -> bytes:

@@ -47,7 +47,7 @@ class WorkerState:
     warmup: WarmupProgress = field(default_factory=WarmupProgress)
     started_at: float = field(default_factory=time.time)
     counters: Dict[str, int] = field(default_factory=lambda: {
-        "json_injected": 0, "legacy_converted": 0, "kept": 0, "rejected": 0})
+        "json_injected": 0, "legacy_converted": 0, "kept": 0, "rejected": 0, "schema_violations": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

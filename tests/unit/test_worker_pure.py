@@ -118,3 +118,23 @@ def test_warmup_bodies_cycle_the_templates():
     assert all(b["temperature"] == 0 and b["max_tokens"] > 0 for b in bodies)
     own = warmup_bodies([{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}], 2)
     assert [b["max_tokens"] for b in own] == [5, 5]
+
+
+def _reply(content, finish="stop"):
+    import json as _json
+
+    return {"status": 200}, _json.dumps({"choices": [{"message": {"content": content}, "finish_reason": finish}]}).encode()
+
+
+def test_replies_that_break_the_schema_are_caught():
+    from gpustack_dspark.worker.middleware import ANY_JSON, schema_violation
+
+    pattern = {"type": "object", "properties": {"version": {"type": "string", "pattern": "^[0-9]\\.[0-9]$"}},
+               "required": ["version"]}
+    assert schema_violation(*_reply('{"version":"1.2"}'), pattern) is None
+    assert "at version" in schema_violation(*_reply('{"version":"1.23"}'), pattern)
+    assert schema_violation(*_reply('{"version":"1.2'), pattern).startswith("not JSON")
+    assert schema_violation(*_reply('{"version":"1.23"}', finish="length"), pattern) is None  # cut by max_tokens
+    assert schema_violation(*_reply("[1, 2]"), ANY_JSON) is None
+    assert schema_violation(*_reply("hello"), ANY_JSON).startswith("not JSON")
+    assert schema_violation(*_reply("hello"), None) is None
