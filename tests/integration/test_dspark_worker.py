@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import jsonschema
+import psutil
 import pytest
 
 from gpustack_dspark.devstack.replica import (
@@ -106,6 +107,14 @@ def test_info_says_what_is_applied_and_why(replica):
     assert info["grammar_mode"] == "json" and info["default_format"] == "json_object"
     assert "--speculative-config" in info["vllm_argv"]
     assert "DSpark enabled: method=draft_model speculative_length=3" in replica.process.log_tail(200000)
+
+
+def test_binds_only_the_host_it_is_given(replica):
+    root = psutil.Process(replica.process.pid)
+    listening = {(c.laddr.ip, c.laddr.port) for p in [root, *root.children(recursive=True)]
+                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    assert ("127.0.0.1", replica.port) in listening
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
 
 
 def varied_prompts(count):
