@@ -16,6 +16,7 @@ from gpustack_dspark import __version__, backend
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.status import build_status_router
 from gpustack_dspark.placement import gpustack_patches
+from gpustack_dspark.routing.feature import RoutingFeature
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
@@ -32,8 +33,10 @@ logger = logging.getLogger(__name__)
 FEATURE_STATUS_API = "status_api"
 FEATURE_BACKEND = "backend_registration"
 FEATURE_VLLM_FIT = "vllm_resource_fit"
+FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
+FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
 # Features that need GPUStack internals; they wait on the version check.
-INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT)
+INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_ROUTING, FEATURE_GATEWAY_ROUTES)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -61,6 +64,7 @@ class DSparkPlugin(Plugin):
         self.version_check = check_gpustack()
         self.backend_info: Dict[str, Any] = {"name": backend.BACKEND_NAME}
         self._tasks: List[Callable[[], Awaitable[None]]] = []
+        self.routing = RoutingFeature()
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
         try:
@@ -91,6 +95,7 @@ class DSparkPlugin(Plugin):
             return
 
         self._apply_vllm_fit()
+        self._apply_routing(app)
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -108,6 +113,28 @@ class DSparkPlugin(Plugin):
         else:
             logger.warning("DSpark CUDA models use GPUStack's custom-backend fit: %s", result.reason)
             self.features.disable(FEATURE_VLLM_FIT, result.reason)
+
+    def _apply_routing(self, app) -> None:
+        try:
+            self.routing.start(app)
+        except Exception as e:
+            logger.exception("gpustack-dspark routing is off; GPUStack's round-robin proxy stays")
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+            self.features.disable(FEATURE_ROUTING, reason)
+            self.features.disable(FEATURE_GATEWAY_ROUTES, "routing is off: " + reason)
+            return
+        self.features.enable(FEATURE_ROUTING, hooks=list(self.routing.hooks))
+        if not self.routing.policy.gateway.least_load:
+            self.features.disable(FEATURE_GATEWAY_ROUTES, "turned off by gateway.least_load=false in the routing policy")
+            return
+        try:
+            self.routing.start_gateway()
+        except Exception as e:
+            logger.exception("gpustack-dspark cannot manage DSpark routes' gateway configuration")
+            self.features.disable(FEATURE_GATEWAY_ROUTES, f"{type(e).__name__}: {e}")
+            return
+        self.features.enable(FEATURE_GATEWAY_ROUTES)
+        self._tasks.append(self.routing.gateway_task)
 
     def async_tasks(self) -> List[Coroutine[Any, Any, Any]]:
         return [self._guarded(task) for task in self._tasks]
@@ -160,4 +187,5 @@ class DSparkPlugin(Plugin):
                 } if settings else {},
             },
             "features": self.features.snapshot(),
+            "routing": self.routing.status(),
         }
