@@ -8,6 +8,9 @@ the instance's worker once. The hooks, all on that module only:
 - `parse_request_body`: wrapped to note the request's JSON intent in the routing slot.
 - `ModelRouteService`: a subclass whose `resolve_route_targets` keeps the JSON pool or the
   general pool of a route's active targets (GPUStack's weights then split the pool).
+- `_stream_response`: wrapped so an SSE stream that stops before `data: [DONE]` without an
+  error event (a replica that died mid-stream reaches the server as a clean end) gets
+  one, and the client is never left guessing.
 - `request_to_worker`: wrapped to retry a non-streamed request once on another instance
   when the first one received nothing (see `retry.py`).
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from gpustack_dspark import backend
-from gpustack_dspark.routing import retry, targets
+from gpustack_dspark.routing import retry, stream_end, targets
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.intent import has_json_intent
@@ -40,6 +43,7 @@ EXPECTED_PARAMS = {
     "resolve_route_targets": ["self", "name"],
     "get_running_instance": ["session", "model", "overridden_model_name"],
     "select_instance": ["self", "instances"],
+    "_stream_response": ["worker", "method", "path", "headers", "data", "proxy_client", "no_proxy_client"],
 }
 
 
@@ -48,7 +52,7 @@ class RoutingStats:
     """Counters the status API and the Prometheus collector read."""
 
     decisions: Dict[str, int] = field(default_factory=lambda: {d: 0 for d in targets.DECISIONS})
-    retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0})
+    retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0})
 
     def decided(self, decision: str) -> None:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
@@ -143,12 +147,27 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
         or _shape_problem("get_running_instance", openai.get_running_instance)
         or _shape_problem("resolve_route_targets", route_service.resolve_route_targets)
         or _shape_problem("select_instance", LoadBalancingStrategy.select_instance)
+        or _shape_problem("_stream_response", getattr(openai, "_stream_response", None) or (lambda: None))
     )
     if problem:
         return RoutingHooks(False, problem)
 
     applied: List[str] = []
     original_parse = openai.parse_request_body
+    original_stream = openai._stream_response
+
+    async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
+        state = stream_end.StreamWatch()
+        status = 200
+        async for chunk, resp_headers, resp_status in original_stream(
+                worker, method, path, headers, data, proxy_client, no_proxy_client):
+            status = resp_status
+            state.see(chunk)
+            yield chunk, resp_headers, resp_status
+        if status < 400 and state.truncated():
+            stats.retries["broken_streams"] = stats.retries.get("broken_streams", 0) + 1
+            logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
+            yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
     original_request = openai.request_to_worker
 
     async def parse_request_body(request):
@@ -234,12 +253,15 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
     if policy.proxy.json_aware:
         openai.ModelRouteService = JsonAwareModelRouteService
         applied.append("json_aware_targets")
+    openai._stream_response = _stream_response
+    applied.append("stream_end_event")
     if policy.proxy.retry_once:
         openai.request_to_worker = request_to_worker
         applied.append("retry_once")
     setattr(openai, _MARK, tuple(applied))
     setattr(openai, "_dspark_routing_originals", {
         "parse_request_body": original_parse, "request_to_worker": original_request,
+        "_stream_response": original_stream,
         "ModelRouteService": route_service,
     })
     logger.info("DSpark routing hooks applied to GPUStack's proxy: %s", ", ".join(applied))

@@ -209,3 +209,20 @@ def test_middleware_releases_once_however_the_request_ends():
     asyncio.run(run(outside, path="/v2/models"))  # not an inference path: no slot, no release
     assert released == [1, 2, 3]
     assert current_slot() is None
+
+
+def test_stream_watch_spots_a_cut_off_stream():
+    from gpustack_dspark.routing.stream_end import TRUNCATED_ERROR_EVENT, StreamWatch
+
+    def watch(*chunks):
+        w = StreamWatch()
+        for c in chunks:
+            w.see(c)
+        return w.truncated()
+
+    assert watch('data: {"choices": []}\n\n', "data: [DONE]\n\n") is False
+    assert watch('data: {"choices": []}\n\n', 'data: {"error": {"message": "x"}}\n\n') is False
+    assert watch('data: {"choices": []}\n\n') is True
+    assert watch() is False  # nothing at all: GPUStack already answers 503 itself
+    assert watch(b'data: {"choices": []}\n\n', b"data: [DONE]\n\n") is False
+    assert TRUNCATED_ERROR_EVENT.startswith('data: {"error": ') and TRUNCATED_ERROR_EVENT.endswith("\n\n")
