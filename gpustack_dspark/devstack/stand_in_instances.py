@@ -86,3 +86,42 @@ def wait_routable(base_url: str, api_key: str, model: str, timeout_s: float = 60
         time.sleep(0.5)
     raise TimeoutError(f"model {model} not routable after {timeout_s}s: "
                        f"{getattr(last, 'status_code', last)} {getattr(last, 'text', '')[:300]}")
+
+
+class RunningStateKeeper:
+    """Stands in for the worker's instance-state sync, which cannot run without a container
+    runtime (it raises "No available deployer" every pass). When the server briefly marks
+    the worker unreachable — a slow health answer on a busy 2-core machine is enough — it
+    sets the instances UNREACHABLE, and only that sync would set them back to RUNNING.
+    This thread does it instead, every `interval_s`, for the instances it was given."""
+
+    def __init__(self, api: GPUStackAPI, worker: Dict[str, Any], interval_s: float = 2.0):
+        import threading
+
+        self.api, self.worker, self.interval_s = api, worker, interval_s
+        self.ports: Dict[int, int] = {}  # instance id -> port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stand-in-state-keeper", daemon=True)
+
+    def watch(self, model_id: int) -> None:
+        for instance in instances_of(self.api, model_id):
+            if instance["ports"]:
+                self.ports[instance["id"]] = instance["ports"][0]
+
+    def start(self) -> "RunningStateKeeper":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for instance in self.api.items("/v2/model-instances"):
+                    port = self.ports.get(instance["id"])
+                    if port and instance["state"] != "running":
+                        set_running(self.api, instance, self.worker, port)
+            except Exception:  # the server may be restarting; try again next pass
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -12,7 +12,7 @@ import pytest
 
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.stand_in_instances import (
-    STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend, wait_routable,
+    RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend, wait_routable,
 )
 from gpustack_dspark.devstack.stand_in_replica import StandInReplica
 from gpustack_dspark.devstack.worker import join_cpu_worker
@@ -72,10 +72,14 @@ def stack(start_server, tmp_path_factory):
     }
     api.post("/v2/model-routes", {"name": "mixed", "targets": [
         {"model_id": models["json-m"]["id"], "weight": 0}, {"model_id": models["gen-m"]["id"], "weight": 0}]})
+    keeper = RunningStateKeeper(admin_api(server), row).start()
+    for model in models.values():
+        keeper.watch(model["id"])
     st = Stack(server, api, worker, replicas, models)
     for name in ("json-m", "gen-m", "mixed"):
         wait_routable(server.url, api.api_key, name, 180)
     yield st
+    keeper.stop()
     worker.stop()
     api.close()
     for replica in replicas.values():
@@ -187,14 +191,18 @@ def test_client_disconnect_mid_stream_releases(stack):
     _reset(stack)
     for replica in stack.replicas.values():
         replica.base_s, replica.chunks = 10.0, 10
+    busy = lambda: sum(r.stats.in_flight for r in stack.replicas.values())  # noqa: E731
     try:
+        started = time.monotonic()
         with httpx.stream("POST", f"{stack.server.url}/v1/chat/completions", headers=stack.headers,
                           json={"model": "json-m", "stream": True, **JSON_BODY}, timeout=30) as response:
+            wait_for(busy, 5, "the replica to be streaming", interval_s=0.05)
+            assert stack.routing()["in_flight_total"] == 1
             first = next(line for line in response.iter_lines() if line.startswith("data:"))
-            routing = stack.routing()
-            assert routing["in_flight_total"] == 1, (first, routing)
-        # closed after one chunk of ten: the count drops long before the replica would finish
+            first_after = time.monotonic() - started
+        # Closed after one chunk of ten: the count drops while the replica is still busy.
         stack.wait_idle(5)
+        assert first_after < 5, (first_after, first)
     finally:
         for replica in stack.replicas.values():
             replica.base_s, replica.chunks = 0.05, 5
