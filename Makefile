@@ -2,10 +2,14 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
+# The DSpark worker side (vLLM on CPU) lives in its own venv, as it lives in its own image.
+WORKER_VENV := .venv-worker
+WORKER_LOCK := backend_images/cpu/requirements.lock
+WORKER_STAMP := $(WORKER_VENV)/.installed-stamp
 
-.PHONY: setup system venv test unit demo clean
+.PHONY: setup system venv worker-venv test unit demo clean
 
-setup: system venv
+setup: system venv worker-venv
 
 # System packages the devstack needs (PostgreSQL server binaries); installed only if missing.
 system:
@@ -19,6 +23,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[server,dev]'
 	touch $(STAMP)
 
+# Same lock as the CPU image, --no-deps: keeps out the CUDA builds of torchvision/torchaudio/
+# torchcodec/triton that PyPI would pull beside the CPU torch (they break vLLM's imports).
+worker-venv: $(WORKER_STAMP)
+
+$(WORKER_STAMP): pyproject.toml $(WORKER_LOCK)
+	$(PYTHON) -m venv $(WORKER_VENV)
+	$(WORKER_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
+	$(WORKER_VENV)/bin/python -m pip install --quiet --no-deps -r $(WORKER_LOCK)
+	$(WORKER_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(WORKER_STAMP)
+
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -29,4 +44,4 @@ demo: setup
 	$(VENV)/bin/python -m gpustack_dspark.devstack demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(WORKER_VENV) *.egg-info

@@ -17,6 +17,7 @@ from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.status import build_status_router
 from gpustack_dspark.placement import gpustack_patches
 from gpustack_dspark.routing.feature import RoutingFeature
+from gpustack_dspark.placement.policy import PlacementPolicy, load_policy
 from gpustack_dspark.settings import (
     PluginSettings,
     add_start_flags,
@@ -33,10 +34,12 @@ logger = logging.getLogger(__name__)
 FEATURE_STATUS_API = "status_api"
 FEATURE_BACKEND = "backend_registration"
 FEATURE_VLLM_FIT = "vllm_resource_fit"
+FEATURE_PLACEMENT = "placement_policy"
 FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
 FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
 # Features that need GPUStack internals; they wait on the version check.
-INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_ROUTING, FEATURE_GATEWAY_ROUTES)
+INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
+                     FEATURE_GATEWAY_ROUTES)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -63,6 +66,7 @@ class DSparkPlugin(Plugin):
         self.settings: Optional[PluginSettings] = None
         self.version_check = check_gpustack()
         self.backend_info: Dict[str, Any] = {"name": backend.BACKEND_NAME}
+        self.placement_policy: Optional[PlacementPolicy] = None
         self._tasks: List[Callable[[], Awaitable[None]]] = []
         self.routing = RoutingFeature()
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
@@ -95,6 +99,7 @@ class DSparkPlugin(Plugin):
             return
 
         self._apply_vllm_fit()
+        self._apply_placement_policy()
         self._apply_routing(app)
         self._tasks.append(self._register_backend)
         logger.info(
@@ -116,7 +121,7 @@ class DSparkPlugin(Plugin):
 
     def _apply_routing(self, app) -> None:
         try:
-            self.routing.start(app)
+            self.routing.start(app, self.settings.policy_dir)
         except Exception as e:
             logger.exception("gpustack-dspark routing is off; GPUStack's round-robin proxy stays")
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
@@ -135,6 +140,19 @@ class DSparkPlugin(Plugin):
             return
         self.features.enable(FEATURE_GATEWAY_ROUTES)
         self._tasks.append(self.routing.gateway_task)
+    def _apply_placement_policy(self) -> None:
+        # A bad policy file turns off this feature only; GPUStack then schedules as usual.
+        try:
+            self.placement_policy = load_policy(self.settings.policy_dir, self.settings.json_label)
+            result = gpustack_patches.enforce_placement_policy(lambda: self.placement_policy)
+        except Exception as e:
+            result = gpustack_patches.PatchResult(False, str(e))
+        if not result.applied:
+            self.placement_policy = None
+            logger.error("DSpark placement policy is off: %s", result.reason)
+            self.features.disable(FEATURE_PLACEMENT, result.reason)
+            return
+        self.features.enable(FEATURE_PLACEMENT, **self.placement_policy.as_dict())
 
     def async_tasks(self) -> List[Coroutine[Any, Any, Any]]:
         return [self._guarded(task) for task in self._tasks]

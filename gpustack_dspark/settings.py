@@ -13,16 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from gpustack_dspark import __version__
+from gpustack_dspark.labels import parse_label
 
 DEFAULT_JSON_LABEL = "role=json-inference"
 DEFAULT_CUDA_IMAGE = f"gpustack-dspark-worker:{__version__}-cuda"
 DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
 
-# Kubernetes label syntax, which GPUStack worker labels follow: an optional DNS prefix,
-# a name of alphanumerics with -_. inside, at most 63 characters; values the same or empty.
-_LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
 # An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path; as in
 # Docker, a first component is a registry only with a dot, a port, or `localhost`.
 _IMAGE_RE = re.compile(
@@ -35,24 +31,6 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def parse_label(value: str) -> Tuple[str, str]:
-    """`KEY=VALUE` -> (key, value); ValueError says what is wrong and what is allowed."""
-    if "=" not in value:
-        raise ValueError(f"{value!r} is not KEY=VALUE (for example role=json-inference)")
-    key, label_value = value.split("=", 1)
-    if not _LABEL_KEY_RE.match(key):
-        raise ValueError(
-            f"label key {key!r} is not a valid label key "
-            "(letters, digits, '-', '_', '.', at most 63 characters, optional DNS prefix/)"
-        )
-    if not _LABEL_VALUE_RE.match(label_value) or not label_value:
-        raise ValueError(
-            f"label value {label_value!r} is not a valid label value "
-            "(non-empty; letters, digits, '-', '_', '.', at most 63 characters)"
-        )
-    return key, label_value
-
-
 def parse_image(value: str) -> str:
     if not _IMAGE_RE.match(value):
         raise ValueError(
@@ -60,6 +38,14 @@ def parse_image(value: str) -> str:
             "(like registry.example.com/team/dspark-worker:0.1.0-cuda)"
         )
     return value
+
+
+def parse_directory(value: str) -> str:
+    """A directory path (made absolute). Whether it exists is checked by the feature that
+    reads it, so a missing directory turns off that feature, not the server."""
+    if not value.strip():
+        raise ValueError("the directory path is empty")
+    return os.path.abspath(value)
 
 
 def parse_switch(value: str) -> bool:
@@ -95,8 +81,11 @@ FLAG_CPU_IMAGE = Flag("dspark_cpu_image", "--dspark-cpu-image", "GPUSTACK_DSPARK
 FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISABLE",
                     "disabled", parse_switch, "off", None,
                     "load the plugin but turn all of its features off")
-FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE)
-VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE)
+FLAG_POLICY_DIR = Flag("dspark_policy_dir", "--dspark-policy-dir", "GPUSTACK_DSPARK_POLICY_DIR",
+                       "policy_dir", parse_directory, "none: built-in policies", "DIR",
+                       "directory of the plugin's policy files (placement.yaml)")
+FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE, FLAG_POLICY_DIR)
+VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_POLICY_DIR)
 
 
 def _argparse_type(flag: Flag, environ: Mapping[str, str]):
@@ -120,6 +109,7 @@ class PluginSettings:
     cuda_image: str = DEFAULT_CUDA_IMAGE
     cpu_image: str = DEFAULT_CPU_IMAGE
     disabled: bool = False
+    policy_dir: Optional[str] = None
 
     @property
     def json_label_text(self) -> str:
@@ -127,7 +117,7 @@ class PluginSettings:
 
     def as_dict(self) -> Dict[str, object]:
         return {"json_label": self.json_label_text, "cuda_image": self.cuda_image,
-                "cpu_image": self.cpu_image, "disabled": self.disabled}
+                "cpu_image": self.cpu_image, "disabled": self.disabled, "policy_dir": self.policy_dir}
 
 
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:

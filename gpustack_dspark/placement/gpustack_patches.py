@@ -6,6 +6,10 @@ tensor-parallel fit. DSpark's CUDA flavour runs vLLM, so its models are routed t
 same selector — GPUStack's own class, not a re-implementation. The CPU flavour keeps the
 custom-backend selector, the one path GPUStack has for CPU-only workers.
 
+The placement policy (JSON label, isolation) wraps `find_candidate`, the function that
+runs GPUStack's fixed filter chain: it narrows the worker list GPUStack starts from and
+adds its reason to the messages (placement/enforce.py). GPUStack has no filter registry.
+
 Each patch checks the GPUStack version and the exact shape of what it replaces; on any
 mismatch it applies nothing and says why, and GPUStack schedules as it always did.
 """
@@ -15,12 +19,16 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+from gpustack_dspark.placement import enforce
 from gpustack_dspark.placement.flavour import uses_gpu_flavour
+from gpustack_dspark.placement.policy import PlacementPolicy
 from gpustack_dspark.versions import check_gpustack
 
 logger = logging.getLogger(__name__)
 
 EXPECTED_SELECTOR_PARAMS = ["config", "model", "model_instances", "cpu_only", "ram_claim", "resource_view"]
+EXPECTED_FIND_CANDIDATE_PARAMS = ["session", "config", "model", "workers", "model_instances", "role",
+                                  "exclude_instance_id", "group_id", "resource_view"]
 _PATCH_MARK = "_dspark_patched"
 
 
@@ -75,6 +83,45 @@ def route_gpu_flavour_to_vllm_fit() -> PatchResult:
     return PatchResult(True)
 
 
+def enforce_placement_policy(get_policy: Callable[[], PlacementPolicy]) -> PatchResult:
+    """Run GPUStack's scheduler (`find_candidate`, used by the scheduling loop and by the
+    deploy form's evaluator) through the placement policy that `get_policy` returns."""
+    version = check_gpustack()
+    if not version.ok:
+        return PatchResult(False, version.reason)
+    try:
+        from gpustack.scheduler import scheduler
+    except ImportError as e:
+        return PatchResult(False, f"GPUStack's scheduler is not importable: {e}")
+
+    original = getattr(scheduler, "find_candidate", None)
+    if original is None:
+        return PatchResult(False, "gpustack.scheduler.scheduler.find_candidate is missing")
+    if getattr(original, _PATCH_MARK, False):
+        original = original.__wrapped__  # re-applied (tests): replace, never stack
+    if not inspect.iscoroutinefunction(original):
+        return PatchResult(False, "gpustack.scheduler.scheduler.find_candidate is no longer a coroutine function")
+    try:
+        params = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError) as e:
+        return PatchResult(False, f"cannot read the signature of find_candidate: {e}")
+    if params != EXPECTED_FIND_CANDIDATE_PARAMS:
+        return PatchResult(False, f"find_candidate takes {params}, expected {EXPECTED_FIND_CANDIDATE_PARAMS}")
+
+    async def find_candidate(session, config, model, workers, model_instances, role=None,
+                             exclude_instance_id=None, group_id=None, resource_view=None):
+        return await enforce.find_candidate_with_policy(
+            original, get_policy, session, config, model, workers, model_instances, role=role,
+            exclude_instance_id=exclude_instance_id, group_id=group_id, resource_view=resource_view)
+
+    setattr(find_candidate, _PATCH_MARK, True)
+    find_candidate.__wrapped__ = original
+    find_candidate.__doc__ = original.__doc__
+    scheduler.find_candidate = find_candidate
+    logger.info("GPUStack's scheduler now applies the DSpark placement policy")
+    return PatchResult(True)
+
+
 def remove_patches() -> List[str]:
     """Undo what this module applied (tests, and a plugin that turns itself off)."""
     removed = []
@@ -86,4 +133,8 @@ def remove_patches() -> List[str]:
     if current is not None and getattr(current, _PATCH_MARK, False):
         scheduler.build_candidate_selector = current.__wrapped__
         removed.append("build_candidate_selector")
+    current = getattr(scheduler, "find_candidate", None)
+    if current is not None and getattr(current, _PATCH_MARK, False):
+        scheduler.find_candidate = current.__wrapped__
+        removed.append("find_candidate")
     return removed

@@ -15,18 +15,29 @@ from gpustack_dspark.routing import gateway_sync, metrics
 from gpustack_dspark.routing.gpustack_patches import RoutingStats, apply_routing_hooks, release_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.middleware import InFlightMiddleware
-from gpustack_dspark.routing.policy import DEFAULT_POLICY_PATH, PolicyError, RoutingPolicy, load_policy
+from gpustack_dspark.routing.policy import PolicyError, RoutingPolicy, load_policy
 
 logger = logging.getLogger(__name__)
 
 POLICY_ENV = "DSPARK_ROUTING_POLICY"
 
 
-def policy_path() -> Optional[Path]:
+POLICY_FILE = "routing.yaml"
+
+
+def policy_path(policy_dir: Optional[str] = None) -> Optional[Path]:
+    """`--dspark-policy-dir DIR` -> DIR/routing.yaml if present; else the file named by
+    DSPARK_ROUTING_POLICY; else none: the built-in defaults (the same as the shipped
+    policies/routing.yaml)."""
+    if policy_dir is not None:
+        directory = Path(policy_dir)
+        if not directory.is_dir():
+            raise PolicyError(f"--dspark-policy-dir {policy_dir}: not a directory")
+        candidate = directory / POLICY_FILE
+        if candidate.exists():
+            return candidate
     configured = os.environ.get(POLICY_ENV)
-    if configured:
-        return Path(configured)
-    return DEFAULT_POLICY_PATH if DEFAULT_POLICY_PATH.exists() else None
+    return Path(configured) if configured else None
 
 
 class RoutingFeature:
@@ -38,9 +49,9 @@ class RoutingFeature:
         self.hooks: List[str] = []
         self.gateway_last: Dict[str, Any] = {"passes": 0, "changed_routes": [], "error": None}
 
-    def start(self, app) -> None:
+    def start(self, app, policy_dir: Optional[str] = None) -> None:
         """Raises PolicyError / RuntimeError with the reason routing stays stock."""
-        path = policy_path()
+        path = policy_path(policy_dir)
         if path is not None:
             self.policy = load_policy(path)
             self.policy_source = str(path)

@@ -42,3 +42,22 @@ def test_only_the_plugin_wires_observe_and_placement():
 def test_the_import_walker_sees_imports():
     imported = _our_imports(PACKAGE / "plugin.py")
     assert "gpustack_dspark.observe.status" in imported and "gpustack_dspark.backend" in imported
+
+
+SERVER_SIDE = (".plugin", ".placement", ".routing", ".observe", ".backend", ".settings")
+
+
+def test_translate_imports_only_knobs():
+    assert _our_imports(PACKAGE / "translate.py") <= {
+        "gpustack_dspark.knobs", *(f"gpustack_dspark.knobs.{n}" for n in ("DSparkKnobs", "KnobError"))}
+
+
+def test_worker_never_imports_the_server_side_and_the_server_never_imports_the_worker():
+    for path in _modules("worker"):
+        imported = _our_imports(path)
+        assert not any(any(f"gpustack_dspark{s}" in n for s in SERVER_SIDE) for n in imported), path
+        assert not any("devstack" in n for n in imported), path
+    server_side = _modules("plugin.py") + _modules("backend.py") + _modules("settings.py") \
+        + _modules("placement") + _modules("observe")
+    for path in server_side:
+        assert not any(".worker" in n for n in _our_imports(path)), path

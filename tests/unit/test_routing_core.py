@@ -226,3 +226,17 @@ def test_stream_watch_spots_a_cut_off_stream():
     assert watch() is False  # nothing at all: GPUStack already answers 503 itself
     assert watch(b'data: {"choices": []}\n\n', b"data: [DONE]\n\n") is False
     assert TRUNCATED_ERROR_EVENT.startswith('data: {"error": ') and TRUNCATED_ERROR_EVENT.endswith("\n\n")
+
+
+def test_policy_file_comes_from_the_policy_dir(tmp_path, monkeypatch):
+    from gpustack_dspark.routing.feature import POLICY_ENV, policy_path
+
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    assert policy_path(None) is None  # built-in defaults
+    assert policy_path(str(tmp_path)) is None  # a policy dir without routing.yaml: defaults too
+    (tmp_path / "routing.yaml").write_text("version: 1\n")
+    assert policy_path(str(tmp_path)) == tmp_path / "routing.yaml"
+    monkeypatch.setenv(POLICY_ENV, "/elsewhere/routing.yaml")
+    assert str(policy_path(None)) == "/elsewhere/routing.yaml"
+    with pytest.raises(PolicyError, match="not a directory"):
+        policy_path(str(tmp_path / "missing"))

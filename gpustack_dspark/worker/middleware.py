@@ -1,0 +1,268 @@
+"""The ASGI middleware dspark-serve adds to vLLM's app (vLLM's own `--middleware` option).
+
+- `GET /dspark/ready`: the warmup gate GPUStack's health check probes. 200 only when the
+  warmup finished and vLLM's own /health answers 200; otherwise 503 with the reason.
+  Answered from memory (plus one bounded /health call), so always within 1 s.
+- `GET /dspark/info`: knobs as applied, method and why, threshold semantics, warmup.
+- POST /v1/chat/completions and /v1/completions on a JSON replica: JSON by default
+  (json_default.rewrite), legacy guided_* converted, schemas checked (400 if the grammar
+  engine cannot compile them), and `usage.dspark_stats` added to non-streamed responses.
+Everything else passes through untouched.
+"""
+
+import asyncio
+import json
+import logging
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+
+from gpustack_dspark.worker import json_default, schema_check, state as worker_state
+
+logger = logging.getLogger("gpustack_dspark.worker")
+
+READY_PATH = "/dspark/ready"
+INFO_PATH = "/dspark/info"
+HEALTH_PROBE_TIMEOUT_S = 0.8
+ANY_JSON: Dict[str, Any] = {}  # the empty schema: "any JSON value" (json_object replies)
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+Scope = Dict[str, Any]
+Message = Dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+async def _send_json(send: Send, status: int, payload: Any, headers: Optional[List[Tuple[bytes, bytes]]] = None) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def openai_error(message: str, param: Optional[str] = None, status: int = 400) -> Dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "param": param, "code": status}}
+
+
+def dspark_stats(response: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """usage.dspark_stats from vLLM's per-request speculative metrics, if it reported them."""
+    spec = ((response.get("metrics") or {}).get("speculative_decoding")
+            if isinstance(response.get("metrics"), dict) else None)
+    if not isinstance(spec, dict):
+        return None
+    drafted = int(spec.get("num_draft_tokens") or 0)
+    accepted = int(spec.get("num_accepted_draft_tokens") or 0)
+    return {
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "accepted_tokens": accepted,
+        "drafted_tokens": drafted,
+        "verify_steps": int(spec.get("num_spec_steps") or 0),
+        "tokens_per_forward": round(float(spec.get("mean_acceptance_length") or 1.0), 4),
+    }
+
+
+class DSparkMiddleware:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = worker_state.current()
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if path == READY_PATH:
+            return await self._ready(state, scope, send)
+        if path == INFO_PATH:
+            return await _send_json(send, 200, state.info() if state else {"phase": "unknown"})
+        if state is not None and method == "POST" and path in json_default.JSON_PATHS and state.plan.enabled:
+            return await self._completion(state, scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    async def _ready(self, state: Optional[worker_state.WorkerState], scope: Scope, send: Send) -> None:
+        if state is None:
+            return await _send_json(send, 503, {"ready": False, "phase": "unknown",
+                                                "reason": "dspark-serve did not start this server"})
+        if state.phase != worker_state.READY:
+            return await _send_json(send, 503, {"ready": False, "phase": state.phase, "reason": state.reason})
+        healthy = await self._vllm_healthy(scope)
+        if not healthy:
+            return await _send_json(send, 503, {"ready": False, "phase": state.phase,
+                                                "reason": "warm, but vLLM's /health does not answer 200"})
+        return await _send_json(send, 200, {"ready": True, "phase": state.phase,
+                                            "warmup_s": state.warmup.duration_s()})
+
+    async def _vllm_healthy(self, scope: Scope) -> bool:
+        """Ask vLLM's own /health route (in-process, no socket), bounded in time."""
+        status: List[int] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        # The probe's own scope keeps the app and server keys Starlette put on the real one.
+        probe = {**scope, "method": "GET", "path": "/health", "raw_path": b"/health",
+                 "query_string": b"", "headers": []}
+        try:
+            await asyncio.wait_for(self.app(probe, receive, send), HEALTH_PROBE_TIMEOUT_S)
+        except Exception:
+            return False
+        return bool(status) and status[0] == 200
+
+    async def _completion(self, state: worker_state.WorkerState, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await _read_body(receive)
+        if raw is None:
+            return await _send_json(send, 413, openai_error(f"request body larger than {MAX_BODY_BYTES} bytes", status=413))
+        try:
+            body = json.loads(raw) if raw else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):  # vLLM answers malformed bodies itself
+            return await self.app(scope, _replay(raw, receive), send)
+
+        schema = json_default.requested_schema(body)
+        if state.json_default:
+            try:
+                rewritten = json_default.rewrite(scope["path"], body, state.default_schema)
+            except json_default.RequestRejected as e:
+                state.count("rejected")
+                return await _send_json(send, 400, openai_error(str(e)))
+            state.count({"injected": "json_injected", "converted": "legacy_converted"}.get(rewritten.action, "kept"))
+            body, schema = rewritten.body, rewritten.schema
+        else:
+            legacy = [k for k in body if k.startswith("guided_")]
+            if legacy:  # vLLM would ignore them and answer unconstrained
+                state.count("rejected")
+                return await _send_json(send, 400, openai_error(
+                    f"{', '.join(sorted(legacy))} is not supported by this server; use structured_outputs "
+                    "or response_format", param=legacy[0]))
+
+        if schema is not None and schema is not state.default_schema:
+            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, schema)
+            if problem:
+                state.count("rejected")
+                return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {problem}",
+                                                                param="response_format"))
+
+        if schema is None and json_default.wants_json_object(body):
+            schema = ANY_JSON
+        new_raw = json.dumps(body).encode()
+        if body.get("stream"):
+            return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+        return await self._finished(state, schema, _with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+
+    async def _finished(self, state: worker_state.WorkerState, schema: Optional[Any], scope: Scope,
+                        receive: Receive, send: Send) -> None:
+        """Buffer a non-streamed JSON response: add usage.dspark_stats, and never deliver a reply
+        that breaks the requested schema (the grammar engine does not enforce every keyword
+        exactly; e.g. xgrammar 0.2.8 mis-converts some string patterns)."""
+        start: Dict[str, Any] = {}
+        chunks: List[bytes] = []
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                body = _add_stats(start, b"".join(chunks))  # also fixes content-length in start
+                violation = schema_violation(start, body, schema)
+                if violation:
+                    state.count("schema_violations")
+                    logger.error("reply withheld: %s", violation)
+                    return await _send_json(send, 500, {"error": {
+                        "message": f"the reply does not validate against the requested schema ({violation}); "
+                                   "it was not delivered", "type": "SchemaViolationError", "param": None, "code": 500}})
+                await send(start)
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, capture)
+
+
+def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:
+    """Why a finished reply breaks `schema` (None when it validates, was cut by max_tokens, or
+    there is nothing to check)."""
+    if schema is None or start.get("status") != 200:
+        return None
+    try:
+        import jsonschema
+
+        payload = json.loads(body)
+        for choice in payload.get("choices") or []:
+            if choice.get("finish_reason") != "stop":
+                continue
+            content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+            if content is None:
+                continue
+            try:
+                value = json.loads(content)
+            except json.JSONDecodeError as e:
+                return f"not JSON: {e.msg}"
+            error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+                return f"at {where}: {error.message[:200]}"
+    except Exception as e:  # a checker problem must not eat a good reply
+        logger.warning("schema check of a reply failed: %s", e)
+    return None
+
+
+def _add_stats(start: Dict[str, Any], body: bytes) -> bytes:
+    headers = start.get("headers") or []
+    is_json = any(k.lower() == b"content-type" and b"json" in v for k, v in headers)
+    if start.get("status") != 200 or not is_json:
+        return body
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return body
+    stats = dspark_stats(payload) if isinstance(payload, dict) else None
+    if stats is None:
+        return body
+    usage = payload.get("usage")
+    if isinstance(usage, dict):
+        usage["dspark_stats"] = stats
+    new_body = json.dumps(payload).encode()
+    start["headers"] = [(k, v) for k, v in headers if k.lower() != b"content-length"] + [
+        (b"content-length", str(len(new_body)).encode())]
+    return new_body
+
+
+async def _read_body(receive: Receive) -> Optional[bytes]:
+    parts: List[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # later calls: wait for the client's disconnect, as usual
+    return replay
+
+
+def _with_length(scope: Scope, length: int) -> Scope:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+    headers.append((b"content-length", str(length).encode()))
+    return {**scope, "headers": headers}

