@@ -16,6 +16,7 @@ from gpustack_dspark import __version__, backend
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.status import build_status_router
 from gpustack_dspark.placement import gpustack_patches
+from gpustack_dspark.routing.feature import RoutingFeature
 from gpustack_dspark.placement.policy import PlacementPolicy, load_policy
 from gpustack_dspark.settings import (
     PluginSettings,
@@ -34,8 +35,11 @@ FEATURE_STATUS_API = "status_api"
 FEATURE_BACKEND = "backend_registration"
 FEATURE_VLLM_FIT = "vllm_resource_fit"
 FEATURE_PLACEMENT = "placement_policy"
+FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
+FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
 # Features that need GPUStack internals; they wait on the version check.
-INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT)
+INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
+                     FEATURE_GATEWAY_ROUTES)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -64,6 +68,7 @@ class DSparkPlugin(Plugin):
         self.backend_info: Dict[str, Any] = {"name": backend.BACKEND_NAME}
         self.placement_policy: Optional[PlacementPolicy] = None
         self._tasks: List[Callable[[], Awaitable[None]]] = []
+        self.routing = RoutingFeature()
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
         try:
@@ -95,6 +100,7 @@ class DSparkPlugin(Plugin):
 
         self._apply_vllm_fit()
         self._apply_placement_policy()
+        self._apply_routing(app)
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -113,6 +119,27 @@ class DSparkPlugin(Plugin):
             logger.warning("DSpark CUDA models use GPUStack's custom-backend fit: %s", result.reason)
             self.features.disable(FEATURE_VLLM_FIT, result.reason)
 
+    def _apply_routing(self, app) -> None:
+        try:
+            self.routing.start(app, self.settings.policy_dir)
+        except Exception as e:
+            logger.exception("gpustack-dspark routing is off; GPUStack's round-robin proxy stays")
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+            self.features.disable(FEATURE_ROUTING, reason)
+            self.features.disable(FEATURE_GATEWAY_ROUTES, "routing is off: " + reason)
+            return
+        self.features.enable(FEATURE_ROUTING, hooks=list(self.routing.hooks))
+        if not self.routing.policy.gateway.least_load:
+            self.features.disable(FEATURE_GATEWAY_ROUTES, "turned off by gateway.least_load=false in the routing policy")
+            return
+        try:
+            self.routing.start_gateway()
+        except Exception as e:
+            logger.exception("gpustack-dspark cannot manage DSpark routes' gateway configuration")
+            self.features.disable(FEATURE_GATEWAY_ROUTES, f"{type(e).__name__}: {e}")
+            return
+        self.features.enable(FEATURE_GATEWAY_ROUTES)
+        self._tasks.append(self.routing.gateway_task)
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.
         try:
@@ -178,4 +205,5 @@ class DSparkPlugin(Plugin):
                 } if settings else {},
             },
             "features": self.features.snapshot(),
+            "routing": self.routing.status(),
         }

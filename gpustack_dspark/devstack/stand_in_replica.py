@@ -1,0 +1,165 @@
+"""Test stand-ins for vLLM replicas: tiny OpenAI-compatible servers on 127.0.0.1.
+
+Not vLLM: they answer `/v1/chat/completions` (plain and SSE) after a controllable delay,
+count their own in-flight requests (peak and time-averaged), and can refuse, stall or
+break a stream on demand. Routing tests and the routing benchmark point GPUStack model
+instances at them, so requests really flow server -> worker -> replica.
+
+Latency model: `base_s * slowdown`, stretched by `max(1, in_flight / capacity)` when a
+capacity is set — a replica's time grows with its own load, as a batching engine's does.
+"""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class ReplicaStats:
+    in_flight: int = 0
+    peak: int = 0
+    served: int = 0
+    json_requests: int = 0
+    models: Dict[str, int] = field(default_factory=dict)
+    _area: float = 0.0  # integral of in_flight over time
+    _last: float = field(default_factory=time.monotonic)
+    _since: float = field(default_factory=time.monotonic)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._area += self.in_flight * (now - self._last)
+        self._last = now
+
+    def enter(self) -> None:
+        self._tick()
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def leave(self) -> None:
+        self._tick()
+        self.in_flight -= 1
+
+    def reset(self) -> None:
+        self._tick()
+        self.peak, self.served, self.json_requests, self.models = self.in_flight, 0, 0, {}
+        self._area, self._since = 0.0, time.monotonic()
+
+    def time_averaged(self) -> float:
+        self._tick()
+        elapsed = time.monotonic() - self._since
+        return self._area / elapsed if elapsed > 0 else 0.0
+
+
+class StandInReplica:
+    """One stand-in replica in a background thread with its own event loop."""
+
+    def __init__(self, name: str, base_s: float = 0.05, slowdown: float = 1.0, capacity: Optional[int] = None,
+                 chunks: int = 5):
+        self.name = name
+        self.base_s = base_s
+        self.slowdown = slowdown
+        self.capacity = capacity
+        self.chunks = chunks
+        self.break_stream_after: Optional[int] = None  # break SSE streams after N chunks
+        self.stall_s: float = 0.0  # extra delay before answering
+        self.stats = ReplicaStats()
+        self.port = _free_port()
+        self._server: Optional[uvicorn.Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- app ----
+    def _delay(self, body: dict) -> float:
+        scale = float((body.get("metadata") or {}).get("work", 1.0)) if isinstance(body.get("metadata"), dict) else 1.0
+        load = max(1.0, self.stats.in_flight / self.capacity) if self.capacity else 1.0
+        return self.base_s * self.slowdown * scale * load + self.stall_s
+
+    async def _chat(self, request: Request):
+        body = await request.json()
+        self.stats.enter()
+        counted = True
+        model = str(body.get("model"))
+        self.stats.models[model] = self.stats.models.get(model, 0) + 1
+        rf = body.get("response_format") or {}
+        if isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
+            self.stats.json_requests += 1
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(self._delay(body))
+                self.stats.served += 1
+                return JSONResponse(self._completion(model))
+            counted = False  # the stream generator owns the count from here
+            return StreamingResponse(self._stream(model, body), media_type="text/event-stream")
+        finally:
+            if counted:
+                self.stats.leave()
+
+    async def _stream(self, model: str, body: dict):
+        try:
+            per_chunk = self._delay(body) / max(1, self.chunks)
+            for index in range(self.chunks):
+                if self.break_stream_after is not None and index >= self.break_stream_after:
+                    raise ConnectionAbortedError(f"stand-in replica {self.name} broke the stream")
+                await asyncio.sleep(per_chunk)
+                chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
+                         "choices": [{"index": 0, "delta": {"content": f"{index} "}, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            self.stats.served += 1
+            yield "data: [DONE]\n\n"
+        finally:
+            self.stats.leave()
+
+    def _completion(self, model: str) -> dict:
+        return {"id": "x", "object": "chat.completion", "created": int(time.time()), "model": model,
+                "replica": self.name,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "{\"ok\": true}"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    def _app(self) -> Starlette:
+        async def health(_request):
+            return JSONResponse({"ok": True})
+
+        return Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                 Route("/health", health), Route("/v1/models", health)])
+
+    # ---- lifecycle ----
+    def start(self) -> "StandInReplica":
+        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="off", timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"replica-{self.name}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stand-in replica {self.name} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Like a killed process: the port closes, new connections are refused."""
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+            self._thread.join(timeout=10)
+            self._server = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_replicas(names: List[str], **kwargs) -> List[StandInReplica]:
+    return [StandInReplica(name, **kwargs).start() for name in names]

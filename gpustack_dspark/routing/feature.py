@@ -1,0 +1,106 @@
+"""The routing feature as the plugin sees it: start it, run its task, report it.
+
+Fail-closed at every step: a bad policy file, a GPUStack whose proxy does not have the
+expected shape, or a middleware that cannot be mounted leaves GPUStack's stock routing in
+place and says why in the status.
+"""
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from gpustack_dspark.routing import gateway_sync, metrics
+from gpustack_dspark.routing.gpustack_patches import RoutingStats, apply_routing_hooks, release_slot
+from gpustack_dspark.routing.inflight import InFlightTracker
+from gpustack_dspark.routing.middleware import InFlightMiddleware
+from gpustack_dspark.routing.policy import PolicyError, RoutingPolicy, load_policy
+
+logger = logging.getLogger(__name__)
+
+POLICY_ENV = "DSPARK_ROUTING_POLICY"
+
+
+POLICY_FILE = "routing.yaml"
+
+
+def policy_path(policy_dir: Optional[str] = None) -> Optional[Path]:
+    """`--dspark-policy-dir DIR` -> DIR/routing.yaml if present; else the file named by
+    DSPARK_ROUTING_POLICY; else none: the built-in defaults (the same as the shipped
+    policies/routing.yaml)."""
+    if policy_dir is not None:
+        directory = Path(policy_dir)
+        if not directory.is_dir():
+            raise PolicyError(f"--dspark-policy-dir {policy_dir}: not a directory")
+        candidate = directory / POLICY_FILE
+        if candidate.exists():
+            return candidate
+    configured = os.environ.get(POLICY_ENV)
+    return Path(configured) if configured else None
+
+
+class RoutingFeature:
+    def __init__(self) -> None:
+        self.tracker = InFlightTracker()
+        self.stats = RoutingStats()
+        self.policy: Optional[RoutingPolicy] = None
+        self.policy_source = "built-in defaults"
+        self.hooks: List[str] = []
+        self.gateway_last: Dict[str, Any] = {"passes": 0, "changed_routes": [], "error": None}
+
+    def start(self, app, policy_dir: Optional[str] = None) -> None:
+        """Raises PolicyError / RuntimeError with the reason routing stays stock."""
+        path = policy_path(policy_dir)
+        if path is not None:
+            self.policy = load_policy(path)
+            self.policy_source = str(path)
+        else:
+            self.policy = RoutingPolicy()
+        result = apply_routing_hooks(self.policy, self.tracker, self.stats)
+        if not result.applied:
+            raise RuntimeError(result.reason)
+        self.hooks = result.hooks
+        app.add_middleware(InFlightMiddleware, release=lambda slot: release_slot(self.tracker, slot))
+        try:
+            metrics.register(self.tracker, lambda: dict(self.stats.decisions), lambda: dict(self.stats.retries))
+        except Exception as e:  # metrics are a view; routing works without them
+            logger.warning("DSpark routing metrics not registered: %s", e)
+
+    def start_gateway(self) -> None:
+        gateway_sync.register_marker_owner()
+
+    async def gateway_task(self) -> None:
+        """Keep DSpark routes in the gateway shape; never raises out (errors are reported)."""
+        interval = self.policy.gateway.sync_interval_s if self.policy else 10.0
+        while True:
+            try:
+                changed = await gateway_sync.sync_dspark_routes(self.policy.gateway)
+                self.gateway_last["error"] = None
+                if changed:
+                    self.gateway_last["changed_routes"] = (self.gateway_last["changed_routes"] + changed)[-20:]
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.exception("DSpark gateway route sync failed; retrying in %.0f s", interval)
+                self.gateway_last["error"] = f"{type(e).__name__}: {e}"
+            self.gateway_last["passes"] += 1
+            await asyncio.sleep(interval)
+
+    def status(self) -> Dict[str, Any]:
+        instances = self.tracker.snapshot()
+        return {
+            "policy_source": self.policy_source,
+            "policy": self.policy.model_dump(mode="json") if self.policy else None,
+            "hooks": list(self.hooks),
+            "in_flight": {str(k): v for k, v in instances.items()},
+            "in_flight_total": self.tracker.total(),
+            "unmatched_releases": self.tracker.unmatched_releases,
+            "decisions": dict(self.stats.decisions),
+            "retries": dict(self.stats.retries),
+            "gateway": dict(self.gateway_last),
+            "metrics": [metrics.IN_FLIGHT, metrics.DECISIONS + "_total", metrics.RETRIES + "_total"],
+        }
+
+
+__all__ = ["RoutingFeature", "PolicyError", "POLICY_ENV"]

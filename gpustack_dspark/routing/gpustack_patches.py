@@ -1,0 +1,268 @@
+"""Every hook routing puts into GPUStack's proxy (`gpustack.routes.openai`), in one place.
+
+GPUStack 2.3's `/v1` handler (`proxy_request_by_model`) resolves the route's targets,
+picks one by weight, picks an instance with `load_balancer`, and sends the request to
+the instance's worker once. The hooks, all on that module only:
+
+- `load_balancer.set_strategy(...)`: GPUStack's own seam; least in-flight, ties round-robin.
+- `parse_request_body`: wrapped to note the request's JSON intent in the routing slot.
+- `ModelRouteService`: a subclass whose `resolve_route_targets` keeps the JSON pool or the
+  general pool of a route's active targets (GPUStack's weights then split the pool).
+- `_stream_response`: wrapped so an SSE stream that stops before `data: [DONE]` without an
+  error event (a replica that died mid-stream reaches the server as a clean end) gets
+  one, and the client is never left guessing.
+- `request_to_worker`: wrapped to retry a non-streamed request once on another instance
+  when the first one received nothing (see `retry.py`).
+
+Each hook checks the GPUStack version and the exact shape of what it wraps; on any
+mismatch nothing is applied and the reason is returned, and GPUStack proxies as it
+always did. Everything acts only inside a request slot set by `middleware.py`.
+"""
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from gpustack_dspark import backend
+from gpustack_dspark.routing import retry, stream_end, targets
+from gpustack_dspark.routing.context import RequestSlot, current_slot
+from gpustack_dspark.routing.inflight import InFlightTracker
+from gpustack_dspark.routing.intent import has_json_intent
+from gpustack_dspark.routing.policy import RoutingPolicy
+from gpustack_dspark.versions import check_gpustack
+
+logger = logging.getLogger(__name__)
+
+_MARK = "_dspark_routing"
+
+EXPECTED_PARAMS = {
+    "parse_request_body": ["request"],
+    "request_to_worker": ["worker", "method", "path", "proxy_client", "no_proxy_client", "params", "data",
+                          "headers", "timeout", "raise_on_error"],
+    "resolve_route_targets": ["self", "name"],
+    "get_running_instance": ["session", "model", "overridden_model_name"],
+    "select_instance": ["self", "instances"],
+    "_stream_response": ["worker", "method", "path", "headers", "data", "proxy_client", "no_proxy_client"],
+}
+
+
+@dataclass
+class RoutingStats:
+    """Counters the status API and the Prometheus collector read."""
+
+    decisions: Dict[str, int] = field(default_factory=lambda: {d: 0 for d in targets.DECISIONS})
+    retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0})
+
+    def decided(self, decision: str) -> None:
+        self.decisions[decision] = self.decisions.get(decision, 0) + 1
+
+
+@dataclass
+class RoutingHooks:
+    applied: bool
+    reason: str = ""
+    hooks: List[str] = field(default_factory=list)
+
+
+def _params(function: Callable) -> Optional[List[str]]:
+    try:
+        return list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shape_problem(name: str, function: Callable) -> Optional[str]:
+    params = _params(function)
+    if params != EXPECTED_PARAMS[name]:
+        return f"gpustack.routes.openai {name} takes {params}, expected {EXPECTED_PARAMS[name]}"
+    return None
+
+
+def release_slot(tracker: InFlightTracker, slot: RequestSlot) -> None:
+    if slot.instance_id is not None:
+        tracker.release(slot.instance_id)
+        slot.instance_id = None
+
+
+def _take(tracker: InFlightTracker, slot: RequestSlot, instance) -> None:
+    """Move the slot's count onto `instance` (a retry moves it, never doubles it)."""
+    release_slot(tracker, slot)
+    tracker.acquire(instance.id, getattr(instance, "model_id", None))
+    slot.instance_id = instance.id
+    slot.tried.add(instance.id)
+
+
+def make_strategy(base_class, tracker: InFlightTracker, least_connections: bool = True):
+    class LeastConnectionsStrategy(base_class):
+        """Fewest in-flight requests first (counted by the plugin's middleware), ties
+        round-robin per model; counts only inside a request slot. With
+        `least_connections=False` it is plain round-robin that still counts, so the
+        in-flight figures stay visible when the policy turns the choice off."""
+
+        async def select_instance(self, instances):
+            if not instances:
+                raise Exception("No instances available")
+            slot = current_slot()
+            by_id = {instance.id: instance for instance in instances}
+            group = instances[0].model_id
+            chosen = by_id[tracker.choose(group, list(by_id), least=least_connections)]
+            if slot is not None:
+                slot.candidates = list(instances)
+                _take(tracker, slot, chosen)
+            return chosen
+
+    return LeastConnectionsStrategy
+
+
+def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: RoutingStats) -> RoutingHooks:
+    version = check_gpustack()
+    if not version.ok:
+        return RoutingHooks(False, version.reason)
+    try:
+        from gpustack.api.exceptions import BadRequestException
+        from gpustack.gateway.utils import model_instance_prefix, router_header_key
+        from gpustack.http_proxy.strategies import LoadBalancingStrategy
+        from gpustack.routes import openai
+        from gpustack.server.db import async_session
+        from gpustack.server.services import ModelService, WorkerService
+    except ImportError as e:
+        return RoutingHooks(False, f"GPUStack's proxy is not importable: {e}")
+
+    if getattr(openai, _MARK, None):
+        return RoutingHooks(True, hooks=list(getattr(openai, _MARK)))
+    balancer = getattr(openai, "load_balancer", None)
+    route_service = getattr(openai, "ModelRouteService", None)
+    for name, present in (("load_balancer", balancer), ("ModelRouteService", route_service),
+                          ("parse_request_body", getattr(openai, "parse_request_body", None)),
+                          ("request_to_worker", getattr(openai, "request_to_worker", None)),
+                          ("get_running_instance", getattr(openai, "get_running_instance", None))):
+        if present is None:
+            return RoutingHooks(False, f"gpustack.routes.openai.{name} is missing")
+    if not callable(getattr(balancer, "set_strategy", None)):
+        return RoutingHooks(False, "gpustack.routes.openai.load_balancer has no set_strategy()")
+    problem = (
+        _shape_problem("parse_request_body", openai.parse_request_body)
+        or _shape_problem("request_to_worker", openai.request_to_worker)
+        or _shape_problem("get_running_instance", openai.get_running_instance)
+        or _shape_problem("resolve_route_targets", route_service.resolve_route_targets)
+        or _shape_problem("select_instance", LoadBalancingStrategy.select_instance)
+        or _shape_problem("_stream_response", getattr(openai, "_stream_response", None) or (lambda: None))
+    )
+    if problem:
+        return RoutingHooks(False, problem)
+
+    applied: List[str] = []
+    original_parse = openai.parse_request_body
+    original_stream = openai._stream_response
+
+    async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
+        state = stream_end.StreamWatch()
+        status = 200
+        async for chunk, resp_headers, resp_status in original_stream(
+                worker, method, path, headers, data, proxy_client, no_proxy_client):
+            status = resp_status
+            state.see(chunk)
+            yield chunk, resp_headers, resp_status
+        if status < 400 and state.truncated():
+            stats.retries["broken_streams"] = stats.retries.get("broken_streams", 0) + 1
+            logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
+            yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
+    original_request = openai.request_to_worker
+
+    async def parse_request_body(request):
+        parsed = await original_parse(request)
+        slot = current_slot()
+        if slot is not None:
+            _model_name, stream, body_json, _form = parsed
+            slot.json_intent = has_json_intent(body_json)
+            slot.stream = bool(stream)
+        return parsed
+
+    class JsonAwareModelRouteService(route_service):
+        async def resolve_route_targets(self, name):
+            resolved = await super().resolve_route_targets(name)
+            slot = current_slot()
+            if slot is None or not resolved:
+                return resolved
+            json_models = set()
+            for target in resolved:
+                model = await ModelService(self.session).get_by_id(target.model_id) if target.model_id else None
+                if model is not None and model.backend == backend.BACKEND_NAME:
+                    json_models.add(target.model_id)
+            choice = targets.choose_targets(resolved, lambda t: t.model_id in json_models, slot.json_intent,
+                                            policy.json_only_without_json_intent)
+            slot.decision = choice.decision
+            stats.decided(choice.decision)
+            if choice.decision == targets.REFUSED:
+                raise BadRequestException(message=targets.refusal_message(name), is_openai_exception=True)
+            return choice.targets
+
+    async def request_to_worker(worker, method, path, proxy_client=None, no_proxy_client=None, params=None,
+                                data=None, headers=None, timeout=None, raise_on_error=True):
+        slot = current_slot()
+        call = dict(method=method, path=path, proxy_client=proxy_client, no_proxy_client=no_proxy_client,
+                    params=params, data=data, timeout=timeout)
+        if slot is None or slot.stream or slot.retried or not isinstance(data, (bytes, type(None))):
+            return await original_request(worker, headers=headers, raise_on_error=raise_on_error, **call)
+        try:
+            resp, body = await original_request(worker, headers=headers, raise_on_error=False, **call)
+        except Exception as e:
+            if not retry.retryable_exception(e):
+                raise
+            first_failure: Any = e
+        else:
+            if resp.status < 400 or not retry.retryable_answer(resp.status, body):
+                if resp.status >= 400 and raise_on_error:
+                    raise _worker_error(worker, method, path, resp.status, body)
+                return resp, body
+            first_failure = None
+        others = [i for i in slot.candidates if i.id not in slot.tried]
+        if not others:
+            stats.retries["no_other_instance"] += 1
+            if first_failure is not None:
+                raise first_failure
+            if raise_on_error:
+                raise _worker_error(worker, method, path, resp.status, body)
+            return resp, body
+        slot.retried = True
+        stats.retries["retried"] += 1
+        by_id = {i.id: i for i in others}
+        instance = by_id[tracker.choose(others[0].model_id, list(by_id), least=policy.proxy.least_connections)]
+        _take(tracker, slot, instance)
+        logger.info("retrying a request on instance %s after instance %s received nothing",
+                    instance.id, sorted(slot.tried - {instance.id}))
+        next_worker = worker
+        if instance.worker_id != worker.id:
+            async with async_session() as session:
+                next_worker = await WorkerService(session).get_by_id(instance.worker_id) or worker
+        retry_headers = dict(headers or {})
+        retry_headers[router_header_key] = f"{model_instance_prefix(instance)}.static"
+        return await original_request(next_worker, headers=retry_headers, raise_on_error=raise_on_error, **call)
+
+    def _worker_error(worker, method, path, status, body):
+        import aiohttp
+
+        text = (body or b"").decode("utf-8", "replace")
+        return aiohttp.ClientError(f"Worker request failed: {worker.id} {method} {path} status={status}, error={text}")
+
+    balancer.set_strategy(make_strategy(LoadBalancingStrategy, tracker, policy.proxy.least_connections)())
+    applied.append("least_connections" if policy.proxy.least_connections else "round_robin_counted")
+    openai.parse_request_body = parse_request_body
+    applied.append("json_intent")
+    if policy.proxy.json_aware:
+        openai.ModelRouteService = JsonAwareModelRouteService
+        applied.append("json_aware_targets")
+    openai._stream_response = _stream_response
+    applied.append("stream_end_event")
+    if policy.proxy.retry_once:
+        openai.request_to_worker = request_to_worker
+        applied.append("retry_once")
+    setattr(openai, _MARK, tuple(applied))
+    setattr(openai, "_dspark_routing_originals", {
+        "parse_request_body": original_parse, "request_to_worker": original_request,
+        "_stream_response": original_stream,
+        "ModelRouteService": route_service,
+    })
+    logger.info("DSpark routing hooks applied to GPUStack's proxy: %s", ", ".join(applied))
+    return RoutingHooks(True, hooks=applied)

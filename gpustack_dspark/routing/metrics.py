@@ -1,0 +1,63 @@
+"""Prometheus metrics for routing, read from the live tracker and counters at scrape time.
+
+GPUStack's server exporter (`--metrics-port`, path `/metrics`) serves prometheus-client's
+default registry, so registering here is all it takes. Names:
+
+- `dspark_routing_in_flight_requests{instance_id, model_id}` gauge: requests a model
+  instance is serving now, as counted by the plugin's proxy middleware.
+- `dspark_routing_decisions_total{decision}` counter: JSON-aware target choices;
+  decision is json / general / json_only / refused / unchanged.
+- `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
+  instance) or no_other_instance (nothing to retry on).
+"""
+
+import logging
+from typing import Callable, Dict, Iterator
+
+from gpustack_dspark.routing.inflight import InFlightTracker
+
+logger = logging.getLogger(__name__)
+
+IN_FLIGHT = "dspark_routing_in_flight_requests"
+DECISIONS = "dspark_routing_decisions"
+RETRIES = "dspark_routing_retries"
+
+_registered = None  # one collector per process; a second plugin instance swaps its sources in
+
+
+class RoutingCollector:
+    def __init__(self, tracker: InFlightTracker, decisions: Callable[[], Dict[str, int]],
+                 retries: Callable[[], Dict[str, int]]):
+        self.tracker = tracker
+        self.decisions = decisions
+        self.retries = retries
+
+    def collect(self) -> Iterator:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        in_flight = GaugeMetricFamily(IN_FLIGHT, "In-flight requests per model instance (DSpark routing)",
+                                      labels=["instance_id", "model_id"])
+        for instance_id, entry in self.tracker.snapshot().items():
+            in_flight.add_metric([str(instance_id), str(entry["model_id"] or "")], entry["in_flight"])
+        yield in_flight
+        decisions = CounterMetricFamily(DECISIONS, "JSON-aware routing decisions", labels=["decision"])
+        for decision, count in sorted(self.decisions().items()):
+            decisions.add_metric([decision], count)
+        yield decisions
+        retries = CounterMetricFamily(RETRIES, "Proxy retries on another instance", labels=["outcome"])
+        for outcome, count in sorted(self.retries().items()):
+            retries.add_metric([outcome], count)
+        yield retries
+
+
+def register(tracker: InFlightTracker, decisions, retries) -> RoutingCollector:
+    global _registered
+    if _registered is not None:
+        _registered.tracker, _registered.decisions, _registered.retries = tracker, decisions, retries
+        return _registered
+    from prometheus_client import REGISTRY
+
+    collector = RoutingCollector(tracker, decisions, retries)
+    REGISTRY.register(collector)
+    _registered = collector
+    return collector

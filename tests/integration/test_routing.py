@@ -1,0 +1,300 @@
+"""Routing through GPUStack's real `/v1` proxy: server -> real CPU worker -> stand-in replicas.
+
+The replicas are test stand-ins for vLLM (gpustack_dspark/devstack/stand_in_replica.py):
+no container runtime or GPU exists here, so GPUStack cannot start real replicas yet.
+"""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from gpustack_dspark import backend
+from gpustack_dspark.devstack.stand_in_instances import (
+    RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend, wait_routable,
+)
+from gpustack_dspark.devstack.stand_in_replica import StandInReplica
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.conftest import admin_api, dspark_status, wait_for
+
+pytestmark = pytest.mark.integration
+
+JSON_BODY = {"messages": [{"role": "user", "content": "a record"}], "response_format": {"type": "json_object"}}
+PLAIN_BODY = {"messages": [{"role": "user", "content": "a poem"}]}
+
+
+class Stack:
+    def __init__(self, server, api, worker, replicas, models):
+        self.server, self.api, self.worker, self.replicas, self.models = server, api, worker, replicas, models
+        self.headers = {"Authorization": f"Bearer {api.api_key}"}
+
+    def chat(self, model, body, timeout=30, **kwargs):
+        return httpx.post(f"{self.server.url}/v1/chat/completions", headers=self.headers,
+                          json={"model": model, **body}, timeout=timeout, **kwargs)
+
+    def status(self):
+        return dspark_status(self.server, self.api.api_key)
+
+    def routing(self):
+        return self.status()["routing"]
+
+    def wait_idle(self, timeout_s=20):
+        def idle():
+            routing = self.routing()
+            return routing if routing["in_flight_total"] == 0 else None
+
+        routing = wait_for(idle, timeout_s, "in-flight counts to return to zero", interval_s=0.2)
+        assert all(v["in_flight"] >= 0 for v in routing["in_flight"].values()), routing["in_flight"]
+        assert routing["unmatched_releases"] == 0
+        return routing
+
+
+@pytest.fixture(scope="module")
+def stack(start_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("routing")
+    replicas = {name: StandInReplica(name, base_s=0.05).start() for name in ("json-a", "json-b", "general")}
+    server = start_server()
+    api = admin_api(server)
+    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
+             60, "the backend registration")
+    worker = join_cpu_worker(api, server.url, "route-w1", base / "w1")
+    row = api.get(f"/v2/workers/{worker.id}")
+    # READY comes before the worker's HTTP server listens; until it does, GPUStack marks
+    # the worker's models unavailable.
+    wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+    ensure_stand_in_backend(api)
+    models = {
+        "json-m": create_stand_in_model(api, "json-m", backend.BACKEND_NAME, backend.CPU_VERSION, row["cluster_id"],
+                                        row, [replicas["json-a"].port, replicas["json-b"].port], base / "json-m"),
+        "gen-m": create_stand_in_model(api, "gen-m", STAND_IN_BACKEND, STAND_IN_VERSION, row["cluster_id"],
+                                       row, [replicas["general"].port], base / "gen-m"),
+    }
+    api.post("/v2/model-routes", {"name": "mixed", "targets": [
+        {"model_id": models["json-m"]["id"], "weight": 0}, {"model_id": models["gen-m"]["id"], "weight": 0}]})
+    keeper = RunningStateKeeper(admin_api(server), row).start()
+    for model in models.values():
+        keeper.watch(model["id"])
+    st = Stack(server, api, worker, replicas, models)
+    for name in ("json-m", "gen-m", "mixed"):
+        wait_routable(server.url, api.api_key, name, 180)
+    yield st
+    keeper.stop()
+    worker.stop()
+    api.close()
+    for replica in replicas.values():
+        replica.stop()
+
+
+def _listening(port):
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def _reset(stack):
+    for replica in stack.replicas.values():
+        replica.slowdown, replica.capacity, replica.stall_s, replica.break_stream_after = 1.0, None, 0.0, None
+        replica.stats.reset()
+
+
+def test_status_reports_routing_on(stack):
+    status = stack.status()
+    assert status["features"]["routing"]["state"] == "enabled"
+    assert status["features"]["routing"]["detail"]["hooks"] == [
+        "least_connections", "json_intent", "json_aware_targets", "stream_end_event", "retry_once"]
+    assert status["routing"]["policy"]["json_only_without_json_intent"] == "serve_as_json"
+
+
+def test_json_requests_land_only_on_json_targets(stack):
+    _reset(stack)
+    before = stack.routing()["decisions"]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: stack.chat("mixed", JSON_BODY if i % 2 else PLAIN_BODY), range(40)))
+    assert [a.status_code for a in answers] == [200] * 40
+    json_a, json_b, general = (stack.replicas[n].stats for n in ("json-a", "json-b", "general"))
+    assert json_a.served + json_b.served == 20 and json_a.json_requests + json_b.json_requests == 20
+    assert json_a.served > 0 and json_b.served > 0
+    assert general.served == 20 and general.json_requests == 0
+    after = stack.routing()["decisions"]
+    assert after["json"] - before["json"] == 20 and after["general"] - before["general"] == 20
+    # A JSON-only model serves a request without JSON intent (policy serve_as_json).
+    assert stack.chat("json-m", PLAIN_BODY).status_code == 200
+    assert stack.routing()["decisions"]["json_only"] >= 1
+    stack.wait_idle()
+
+
+def _steady_spread(stack, names, requests, concurrency, body):
+    """Time-averaged in-flight at each replica over the steady part of a closed-loop run:
+    from the start until the last request is sent (the drain after it says nothing
+    about routing)."""
+    import threading
+
+    for name in names:
+        stack.replicas[name].stats.reset()
+    done, lock, steady = [0], threading.Lock(), {}
+
+    def one(_):
+        answer = stack.chat("json-m", body)
+        with lock:
+            done[0] += 1
+            if done[0] == requests - concurrency:
+                steady["averages"] = [stack.replicas[n].stats.time_averaged() for n in names]
+        return answer
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(one, range(requests)))
+    assert all(a.status_code == 200 for a in answers), {a.status_code for a in answers}
+    averages = steady["averages"]
+    return max(averages) / max(min(averages), 1e-9), averages
+
+
+def test_least_connections_evens_in_flight_under_skew(stack):
+    _reset(stack)
+    stack.replicas["json-a"].slowdown = 3.0  # json-a is 3x slower
+    # Delays long enough that the proxy's own CPU time (large on this 2-core machine)
+    # does not hide the routing effect.
+    for replica in (stack.replicas["json-a"], stack.replicas["json-b"]):
+        replica.base_s = 1.0
+    try:
+        ratio, averages = _steady_spread(stack, ["json-a", "json-b"], 40, 8, JSON_BODY)
+    finally:
+        for replica in (stack.replicas["json-a"], stack.replicas["json-b"]):
+            replica.base_s = 0.05
+    served = (stack.replicas["json-a"].stats.served, stack.replicas["json-b"].stats.served)
+    # Round-robin splits 20/20 and leaves json-a with ~3x json-b's in-flight.
+    assert ratio <= 1.5, (ratio, averages, served)
+    assert served[1] > served[0] * 1.5, served
+    stack.wait_idle()
+
+
+def test_streams_count_until_their_last_byte(stack):
+    _reset(stack)
+    for replica in stack.replicas.values():
+        replica.base_s, replica.chunks = 1.0, 5
+    try:
+        with httpx.stream("POST", f"{stack.server.url}/v1/chat/completions", headers=stack.headers,
+                          json={"model": "json-m", "stream": True, **JSON_BODY}, timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert stack.routing()["in_flight_total"] == 1  # mid-stream, still counted
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        stack.wait_idle(5)
+    finally:
+        for replica in stack.replicas.values():
+            replica.base_s = 0.05
+
+
+def test_client_disconnect_mid_stream_releases(stack):
+    _reset(stack)
+    for replica in stack.replicas.values():
+        replica.base_s, replica.chunks = 10.0, 10
+    busy = lambda: sum(r.stats.in_flight for r in stack.replicas.values())  # noqa: E731
+    try:
+        started = time.monotonic()
+        with httpx.stream("POST", f"{stack.server.url}/v1/chat/completions", headers=stack.headers,
+                          json={"model": "json-m", "stream": True, **JSON_BODY}, timeout=30) as response:
+            wait_for(busy, 5, "the replica to be streaming", interval_s=0.05)
+            assert stack.routing()["in_flight_total"] == 1
+            first = next(line for line in response.iter_lines() if line.startswith("data:"))
+            first_after = time.monotonic() - started
+        # Closed after one chunk of ten: the count drops while the replica is still busy.
+        stack.wait_idle(5)
+        assert first_after < 5, (first_after, first)
+    finally:
+        for replica in stack.replicas.values():
+            replica.base_s, replica.chunks = 0.05, 5
+
+
+def test_broken_stream_ends_with_an_error_event_not_a_hang(stack):
+    _reset(stack)
+    for replica in stack.replicas.values():
+        replica.break_stream_after = 2
+    started = time.monotonic()
+    try:
+        response = stack.chat("json-m", {"stream": True, **JSON_BODY}, timeout=30)
+    finally:
+        for replica in stack.replicas.values():
+            replica.break_stream_after = None
+    assert time.monotonic() - started < 15
+    events = [line for line in response.text.splitlines() if line.startswith("data:")]
+    assert len(events) >= 2 and '"error"' in events[-1], response.text[-500:]
+    stack.wait_idle(5)
+
+
+def test_client_timeout_and_slow_upstream_release(stack):
+    _reset(stack)
+    for replica in stack.replicas.values():
+        replica.stall_s = 2.0
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            stack.chat("json-m", JSON_BODY, timeout=0.5)
+        # The replica is still working on it: the count stays until it answers, then drops.
+        assert stack.routing()["in_flight_total"] == 1
+    finally:
+        for replica in stack.replicas.values():
+            replica.stall_s = 0.0
+    stack.wait_idle(10)
+
+
+def test_upstream_error_releases(stack):
+    _reset(stack)
+    missing = stack.chat("no-such-model", JSON_BODY)
+    assert missing.status_code == 404
+    broken = stack.chat("json-m", {"messages": "not a list", "response_format": {"type": "json_object"},
+                                   "metadata": {"work": "not-a-number"}})
+    assert broken.status_code >= 500  # the replica failed on the request
+    stack.wait_idle(5)
+
+
+def test_prometheus_metrics_on_gpustack_exporter(stack):
+    text = httpx.get(f"http://127.0.0.1:{stack.server.metrics_port}/metrics", timeout=10).text
+    assert "dspark_routing_in_flight_requests{" in text
+    assert 'dspark_routing_decisions_total{decision="json"}' in text
+    assert 'dspark_routing_retries_total{outcome="retried"}' in text
+
+
+def _route(api, name):
+    return next(r for r in api.items("/v2/model-routes") if r["name"] == name)
+
+
+def test_gateway_route_config_for_dspark_routes(stack):
+    api = stack.api
+
+    def configured():
+        route = api.get(f"/v2/model-routes/{_route(api, 'json-m')['id']}")
+        plugins = route.get("plugins") or {}
+        ok = plugins.get("least-load", {}).get("enabled") and not plugins.get("session-affinity", {}).get("enabled")
+        return route if ok else None
+
+    route = wait_for(configured, 40, "least-load on and session affinity off on the DSpark route")
+    assert route["lb_mode"] == "scoring"
+    assert "dspark-routing" not in (route.get("meta") or {})  # our marker is plugin-owned, hidden
+    # Not a DSpark route: left as GPUStack made it.
+    general = api.get(f"/v2/model-routes/{_route(api, 'gen-m')['id']}")
+    assert not (general.get("plugins") or {}).get("least-load")
+    # Idempotent: later passes change nothing; a user turning affinity back on is respected.
+    passes = stack.routing()["gateway"]["passes"]
+    changed = len(stack.routing()["gateway"]["changed_routes"])
+    response = api.client.put(f"/v2/model-routes/{route['id']}", json={
+        "name": route["name"], "plugins": {"session-affinity": {"enabled": True,
+                                                                "sessionKeys": [{"header": "session-id"}]}}})
+    assert response.status_code == 200, response.text
+    wait_for(lambda: stack.routing()["gateway"]["passes"] >= passes + 2, 40, "two more sync passes")
+    assert len(stack.routing()["gateway"]["changed_routes"]) == changed
+    again = api.get(f"/v2/model-routes/{route['id']}")
+    assert again["plugins"]["session-affinity"]["enabled"] and again["plugins"]["least-load"]["enabled"]
+
+
+def test_a_killed_replica_loses_no_non_streamed_request(stack):
+    _reset(stack)
+    before = stack.routing()["retries"]["retried"]
+    stack.replicas["json-b"].stop()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: stack.chat("json-m", JSON_BODY), range(20)))
+    assert [a.status_code for a in answers] == [200] * 20, [a.text[:200] for a in answers if a.status_code != 200]
+    assert stack.replicas["json-a"].stats.served == 20
+    assert stack.routing()["retries"]["retried"] > before
+    stack.wait_idle(5)
