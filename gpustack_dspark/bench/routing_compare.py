@@ -12,7 +12,7 @@ configuration and run:
 and, with zero-delay replicas, the median proxy latency at concurrency 1 and 8 for both
 configurations (what our routing adds over the stock proxy).
 
-    .venv/bin/python bench/routing_bench.py [--runs 3] [--requests 200] [--concurrency 16]
+    .venv/bin/python -m gpustack_dspark.bench.routing_compare [--runs 3] [--requests 200] [--concurrency 16]
 
 Bounded: each run stops after --requests requests; the whole script takes ~8-10 minutes.
 """
