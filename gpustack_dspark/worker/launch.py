@@ -6,14 +6,12 @@ the warmup thread. The functions used are the ones vLLM exports from
 `vllm.entrypoints.openai.api_server`; the version is checked before anything starts.
 """
 
-import asyncio
 import contextlib
 import io
 import json
 import logging
 import os
 import signal
-import sys
 from typing import Any, Dict, List, Optional
 
 from gpustack_dspark.knobs import DSparkKnobs
@@ -21,14 +19,10 @@ from gpustack_dspark.translate import LaunchPlan
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
 from gpustack_dspark.worker import state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
+from gpustack_dspark.worker.serve import fail
 from gpustack_dspark.worker.warmup import Warmup
 
 logger = logging.getLogger("gpustack_dspark.worker")
-
-
-def _fail(message: str) -> None:
-    print(f"dspark-serve: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
 
 
 def installed_vllm_version() -> str:
@@ -45,7 +39,7 @@ def installed_vllm_version() -> str:
 def check_vllm_version() -> None:
     installed = installed_vllm_version()
     if installed.split("+")[0] != SUPPORTED_VLLM_VERSION:
-        _fail(f"vLLM {installed} is installed; gpustack-dspark's worker supports vLLM {SUPPORTED_VLLM_VERSION} "
+        fail(f"vLLM {installed} is installed; gpustack-dspark's worker supports vLLM {SUPPORTED_VLLM_VERSION} "
               "(its middleware and launcher follow that release's internals)")
 
 
@@ -62,9 +56,9 @@ def parse_with_vllm(argv: List[str]):
         validate_parsed_serve_args(args)
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
-        _fail(f"vLLM rejects the arguments: {lines[-1] if lines else 'invalid arguments'}")
+        fail(f"vLLM rejects the arguments: {lines[-1] if lines else 'invalid arguments'}")
     except Exception as e:
-        _fail(f"vLLM rejects the arguments: {e}")
+        fail(f"vLLM rejects the arguments: {e}")
     return args
 
 
@@ -78,7 +72,7 @@ def check_speculative_config(plan: LaunchPlan) -> None:
         getattr(SpeculativeConfig, "model_fields", {}))
     unknown = sorted(set(plan.speculative_config) - known)
     if unknown:
-        _fail(f"internal: speculative config keys {unknown} are not known to this vLLM")
+        fail(f"internal: speculative config keys {unknown} are not known to this vLLM")
 
 
 def _api_key(args) -> Optional[str]:

@@ -9,20 +9,16 @@ with one line before vLLM starts.
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import os
-import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
 from gpustack_dspark.translate import Environment, LaunchPlan, plan_launch
-from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
 
 PROG = "dspark-serve"
 LAUNCHER_FLAGS = ("--print-vllm-args", "--config")
-logger = logging.getLogger("gpustack_dspark.worker")
 
 
 class UsageError(Exception):
@@ -135,7 +131,7 @@ def _config_file_argv(path: str) -> List[str]:
     return config_to_argv(doc, source=f"--config {path}")
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 

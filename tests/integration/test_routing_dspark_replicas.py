@@ -1,0 +1,75 @@
+"""Routing to real DSpark replicas: GPUStack's `/v1` proxy -> real CPU worker -> two real
+`dspark-serve` processes (real vLLM on CPU). The instances are pointed at the replicas by
+hand (no container runtime here to let GPUStack's worker start them; the end-to-end issue
+does that with Podman), everything on the request path is real."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from gpustack_dspark import backend
+from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.conftest import admin_api, dspark_status, wait_for
+from tests.integration.test_routing import _listening
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(start_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("routing-dspark")
+    replicas = [start_replica(base / f"replica-{i}.log", ["--enable-dspark", "--dspark-warmup-requests", "2"])
+                for i in range(2)]
+    server = start_server()
+    api = admin_api(server)
+    keeper = worker = None
+    try:
+        wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
+                 60, "the backend registration")
+        worker = join_cpu_worker(api, server.url, "route-real-w1", base / "w1")
+        row = api.get(f"/v2/workers/{worker.id}")
+        wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+        for replica in replicas:
+            replica.wait_ready(420)
+        # The GPUStack model's name is what the replicas serve (--served-model-name).
+        model = create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
+                                      row["cluster_id"], row, [r.port for r in replicas], base / "model")
+        keeper = RunningStateKeeper(admin_api(server), row).start()
+        keeper.watch(model["id"])
+        wait_routable(server.url, api.api_key, SERVED_NAME, 180)
+        yield server, api, replicas
+    finally:
+        if keeper:
+            keeper.stop()
+        if worker:
+            worker.stop()
+        api.close()
+        for replica in replicas:
+            replica.stop()
+
+
+def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stack):
+    server, api, replicas = stack
+    before = [r.info()["requests"]["json_injected"] for r in replicas]
+    headers = {"Authorization": f"Bearer {api.api_key}"}
+
+    def one(i):
+        return httpx.post(f"{server.url}/v1/chat/completions", headers=headers, timeout=120, json={
+            "model": SERVED_NAME, "max_tokens": 128, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Create an order record for user {200 + i}: buy {i + 1.5}."}]})
+
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(one, range(16)))
+    assert [r.status_code for r in responses] == [200] * 16
+    for r in responses:  # no response_format: the replicas made it JSON
+        json.loads(r.json()["choices"][0]["message"]["content"])
+        assert r.json()["usage"]["dspark_stats"]["drafted_tokens"] >= 0
+    served = [r.info()["requests"]["json_injected"] - b for r, b in zip(replicas, before)]
+    assert sum(served) == 16 and min(served) >= 4, served  # both replicas took a fair share
+
+    routing = dspark_status(server, api.api_key)["routing"]
+    assert routing["in_flight_total"] == 0 and routing["unmatched_releases"] == 0
