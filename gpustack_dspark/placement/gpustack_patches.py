@@ -38,24 +38,35 @@ class PatchResult:
     reason: str = ""
 
 
-def _selector_signature_problem(function: Callable) -> Optional[str]:
+def _signature_problem(function: Callable, name: str, expected: list) -> Optional[str]:
     try:
         params = list(inspect.signature(function).parameters)
     except (TypeError, ValueError) as e:
-        return f"cannot read the signature of build_candidate_selector: {e}"
-    if params != EXPECTED_SELECTOR_PARAMS:
-        return f"build_candidate_selector takes {params}, expected {EXPECTED_SELECTOR_PARAMS}"
+        return f"cannot read the signature of {name}: {e}"
+    if params != expected:
+        return f"{name} takes {params}, expected {expected}"
     return None
+
+
+def _gpustack_scheduler():
+    """(GPUStack's scheduler module, None) or (None, why it cannot be patched)."""
+    version = check_gpustack()
+    if not version.ok:
+        return None, version.reason
+    try:
+        from gpustack.scheduler import scheduler
+    except ImportError as e:
+        return None, f"GPUStack's scheduler is not importable: {e}"
+    return scheduler, None
 
 
 def route_gpu_flavour_to_vllm_fit() -> PatchResult:
     """Make GPUStack size DSpark CUDA models with its vLLM resource-fit selector."""
-    version = check_gpustack()
-    if not version.ok:
-        return PatchResult(False, version.reason)
+    scheduler, reason = _gpustack_scheduler()
+    if scheduler is None:
+        return PatchResult(False, reason)
     try:
         from gpustack.policies.candidate_selectors import VLLMResourceFitSelector
-        from gpustack.scheduler import scheduler
     except ImportError as e:
         return PatchResult(False, f"GPUStack's scheduler is not importable: {e}")
 
@@ -64,7 +75,7 @@ def route_gpu_flavour_to_vllm_fit() -> PatchResult:
         return PatchResult(False, "gpustack.scheduler.scheduler.build_candidate_selector is missing")
     if getattr(original, _PATCH_MARK, False):
         return PatchResult(True)
-    problem = _selector_signature_problem(original)
+    problem = _signature_problem(original, "build_candidate_selector", EXPECTED_SELECTOR_PARAMS)
     if problem:
         return PatchResult(False, problem)
 
@@ -86,13 +97,9 @@ def route_gpu_flavour_to_vllm_fit() -> PatchResult:
 def enforce_placement_policy(get_policy: Callable[[], PlacementPolicy]) -> PatchResult:
     """Run GPUStack's scheduler (`find_candidate`, used by the scheduling loop and by the
     deploy form's evaluator) through the placement policy that `get_policy` returns."""
-    version = check_gpustack()
-    if not version.ok:
-        return PatchResult(False, version.reason)
-    try:
-        from gpustack.scheduler import scheduler
-    except ImportError as e:
-        return PatchResult(False, f"GPUStack's scheduler is not importable: {e}")
+    scheduler, reason = _gpustack_scheduler()
+    if scheduler is None:
+        return PatchResult(False, reason)
 
     original = getattr(scheduler, "find_candidate", None)
     if original is None:
@@ -101,12 +108,9 @@ def enforce_placement_policy(get_policy: Callable[[], PlacementPolicy]) -> Patch
         original = original.__wrapped__  # re-applied (tests): replace, never stack
     if not inspect.iscoroutinefunction(original):
         return PatchResult(False, "gpustack.scheduler.scheduler.find_candidate is no longer a coroutine function")
-    try:
-        params = list(inspect.signature(original).parameters)
-    except (TypeError, ValueError) as e:
-        return PatchResult(False, f"cannot read the signature of find_candidate: {e}")
-    if params != EXPECTED_FIND_CANDIDATE_PARAMS:
-        return PatchResult(False, f"find_candidate takes {params}, expected {EXPECTED_FIND_CANDIDATE_PARAMS}")
+    problem = _signature_problem(original, "find_candidate", EXPECTED_FIND_CANDIDATE_PARAMS)
+    if problem:
+        return PatchResult(False, problem)
 
     async def find_candidate(session, config, model, workers, model_instances, role=None,
                              exclude_instance_id=None, group_id=None, resource_view=None):
