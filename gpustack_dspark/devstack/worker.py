@@ -59,8 +59,9 @@ class GPUStackWorker:
 
 def join_cpu_worker(api: GPUStackAPI, server_url: str, name: str, data_dir: Path,
                     cluster: str = "dspark-local", labels: Optional[Dict[str, str]] = None,
-                    timeout_s: float = 180) -> GPUStackWorker:
+                    timeout_s: float = 180, extra_env: Optional[Dict[str, str]] = None) -> GPUStackWorker:
+    """`extra_env`: e.g. the Podman deployer's settings (devstack/podman.py)."""
     cluster_id = api.ensure_cluster(cluster)
     worker = GPUStackWorker(name=name, data_dir=data_dir, server_url=server_url,
-                            token=api.registration_token(cluster_id))
+                            token=api.registration_token(cluster_id), extra_env=dict(extra_env or {}))
     return worker.start(api, timeout_s=timeout_s, labels=labels)

@@ -91,6 +91,9 @@ class WorkerState:
                 "errors": self.warmup.errors[:10],
                 "schemas_compiled": self.warmup.schemas_compiled,
                 "duration_s": self.warmup.duration_s(),
+                # epoch seconds: lets a caller order the warmup against outside events
+                "started_at": self.warmup.started_at,
+                "finished_at": self.warmup.finished_at,
             },
             "requests": dict(self.counters),
             "vllm_argv": plan.vllm_argv,

@@ -1,0 +1,180 @@
+"""End to end through GPUStack's own worker, for real, on this CPU-only machine with no
+registry: PostgreSQL -> GPUStack server with the plugin -> a CPU worker labelled
+role=json-inference deploying with Podman -> the CPU DSpark image built locally -> the demo
+model with 2 replicas -> RUNNING only once warm -> JSON through GPUStack's /v1 ->
+least-connections -> a replica's container killed under load -> the model deleted.
+
+Nothing here is skipped: a host where Podman cannot work fails with the reason.
+The tests run in order on one stack (module fixture); each bounds its waits.
+"""
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List
+
+import httpx
+import jsonschema
+import pytest
+
+from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
+from gpustack_dspark.devstack.replica import SERVED_NAME
+from tests.conftest import dspark_status, wait_for
+
+pytestmark = pytest.mark.integration
+
+# GPUStack 2.3's instance states in the order a fresh replica goes through them.
+STATE_ORDER = ["pending", "analyzing", "scheduled", "initializing", "downloading", "starting", "running"]
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "integer"},
+        "user": {"type": "string", "maxLength": 20},
+        "items": {"type": "array", "maxItems": 3, "items": {
+            "type": "object",
+            "properties": {"sku": {"type": "string", "maxLength": 12}, "qty": {"type": "integer"}},
+            "required": ["sku", "qty"], "additionalProperties": False}},
+    },
+    "required": ["order_id", "user", "items"],
+    "additionalProperties": False,
+}
+
+
+def _body(i: int) -> Dict:
+    return {"model": SERVED_NAME, "max_tokens": 160, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Create an order record for user {300 + i}."}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}}
+
+
+@pytest.fixture(scope="module")
+def stack():
+    # Short path: the Podman API socket lives here (unix socket paths are limited to 108 bytes).
+    base = Path(tempfile.mkdtemp(prefix="dspark-e2e-"))
+    s = ContainerStack(base, say=print)
+    try:
+        s.start_platform()
+        s.deploy(replicas=2, timeout_s=900)
+        yield s
+    finally:
+        s.stop()
+        print(f"[e2e] phases (s): {json.dumps(s.phases)}")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _post(s: ContainerStack, body: Dict, timeout_s: float = 180) -> httpx.Response:
+    return httpx.post(f"{s.server.url}/v1/chat/completions", json=body, timeout=timeout_s,
+                      headers={"Authorization": f"Bearer {s.api.api_key}"})
+
+
+def _served(s: ContainerStack) -> Dict[int, int]:
+    """Requests each replica has answered, by instance id (the replica's own counters)."""
+    out = {}
+    for inst in s.instances():
+        info = replica_info(inst, timeout_s=5) or {}
+        out[inst["id"]] = sum((info.get("requests") or {}).values())
+    return out
+
+
+def _check_gate(s: ContainerStack, instance_id: int, since: float) -> Dict:
+    """RUNNING came only after this replica's warmup finished; returns its last warmup."""
+    samples = [x for x in s.watch.snapshot()[0] if x.instance_id == instance_id and x.t >= since]
+    early = [x for x in samples if x.state == "running" and x.replica_phase in ("loading", "warming")]
+    assert not early, f"RUNNING while the replica was still {early[0].replica_phase}"
+    first_running = next(x.t for x in samples if x.state == "running")
+    inst = next(i for i in s.instances() if i["id"] == instance_id)
+    warmup = replica_info(inst, timeout_s=5)["warmup"]
+    assert warmup["succeeded"] >= 1 and warmup["finished_at"] is not None, warmup
+    assert warmup["finished_at"] <= first_running, (warmup, first_running)
+    return warmup
+
+
+def test_replicas_go_starting_then_running_only_once_warm(stack):
+    s = stack
+    instances = s.instances()
+    assert len(instances) == 2 and {i["worker_name"] for i in instances} == {s.worker_name}
+    for inst in instances:
+        states = [state for _, state in s.watch.transitions(inst["id"])]
+        assert states[-1] == "running" and "starting" in states, states
+        assert states == sorted(states, key=STATE_ORDER.index), f"out of order: {states}"
+        warmup = _check_gate(s, inst["id"], 0)
+        print(f"[e2e] instance {inst['name']}: {' -> '.join(states)}; warmup {warmup['duration_s']}s "
+              f"({warmup['succeeded']} requests)")
+    # Each replica runs in its own container from the locally built image.
+    containers = s.containers()
+    assert {c["Image"] for c in containers if not c["Names"][0].endswith("-pause")} == {s.image}
+
+
+def test_json_through_gpustack_is_valid_and_spread_least_connections(stack):
+    s = stack
+    before = _served(s)
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda i: _post(s, _body(i)), range(16)))
+    assert [r.status_code for r in responses] == [200] * 16, [r.text[:200] for r in responses if r.status_code != 200]
+    for r in responses:
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
+    after = _served(s)
+    served = [after[k] - before.get(k, 0) for k in after]
+    assert sum(served) == 16 and min(served) >= 4, served  # both replicas, balanced
+    routing = dspark_status(s.server, s.api.api_key)["routing"]
+    assert routing["in_flight_total"] == 0 and routing["decisions"].get("json", 0) >= 16, routing
+
+
+def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(stack):
+    s = stack
+    victim = s.instances()[0]
+    run_containers = [c for c in s.containers()
+                      if c["Names"][0].startswith(victim["name"]) and not c["Names"][0].endswith("-pause")]
+    assert len(run_containers) == 1, run_containers
+    restarts_before = victim.get("restart_count") or 0
+
+    results: List[httpx.Response] = []
+    done = threading.Event()
+
+    def load():
+        with ThreadPoolExecutor(4) as pool:
+            results.extend(pool.map(lambda i: _post(s, _body(i)), range(48)))
+        done.set()
+
+    baseline = sum(_served(s).values())
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    # Kill once the load is flowing: requests are in flight on both replicas.
+    wait_for(lambda: sum(_served(s).values()) >= baseline + 4, 180, "the load to reach the replicas")
+    killed_at = time.time()
+    s.podman.run("kill", run_containers[0]["Id"])
+    loader.join(timeout=600)
+    assert done.is_set(), "the load did not finish"
+    assert [r.status_code for r in results] == [200] * 48, [r.text[:200] for r in results if r.status_code != 200]
+    for r in results:
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
+
+    # GPUStack notices, restarts it, and routes to it only once it is warm again.
+    s.watch.wait(lambda latest: (latest[victim["id"]].get("restart_count") or 0) > restarts_before
+                 and str(latest[victim["id"]]["state"]).lower() == "running", 600,
+                 "the killed replica RUNNING again after a restart")
+    warmup = _check_gate(s, victim["id"], killed_at)
+    assert warmup["started_at"] > killed_at, "the replica did not warm up again after the restart"
+    states = [st for t, st in s.watch.transitions(victim["id"]) if t >= killed_at]
+    assert "running" not in states[:-1] and states[-1] == "running" and "starting" in states, states
+    print(f"[e2e] after the kill: {' -> '.join(states)}; re-warmup {warmup['duration_s']}s")
+
+    before = _served(s)
+    with ThreadPoolExecutor(4) as pool:
+        again = list(pool.map(lambda i: _post(s, _body(i)), range(12)))
+    assert [r.status_code for r in again] == [200] * 12
+    after = _served(s)
+    assert after[victim["id"]] - before.get(victim["id"], 0) >= 3, (before, after)  # takes traffic again
+
+
+def test_deleting_the_model_removes_its_containers(stack):
+    s = stack
+    assert s.containers()
+    seconds = s.delete_model(timeout_s=120)
+    assert s.containers() == []
+    print(f"[e2e] containers gone {seconds}s after the model was deleted")
