@@ -71,7 +71,10 @@ for folder in ${PIP_FIND_LINKS:-} $($PIP config get global.find-links 2>/dev/nul
   if mount_dir "$folder"; then pip_extra+=" --find-links $folder"; fi
 done
 for index in ${PIP_EXTRA_INDEX_URL:-} $($PIP config get global.extra-index-url 2>/dev/null || true); do
-  if [[ "$index" == file://* ]] && mount_dir "${index#file://}"; then pip_extra+=" --extra-index-url $index"; fi
+  # a local index's pages link to files beside it (e.g. /opt/pypi/simple -> /opt/pypi/files)
+  if [[ "$index" == file://* ]] && mount_dir "$(dirname "${index#file://}")"; then
+    pip_extra+=" --extra-index-url $index"
+  fi
 done
 ca=/etc/ssl/certs/ca-certificates.crt
 if [ -f "$ca" ]; then

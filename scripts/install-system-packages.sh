@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs, with apt, the system packages the devstack and the tests need and this machine
-# lacks: PostgreSQL's server binaries, runuser, and Chromium (the UI tests drive Debian's
-# Chromium through Playwright; Playwright's own browser download cannot work offline).
+# lacks: PostgreSQL's server binaries, runuser, Chromium (the UI tests drive Debian's
+# Chromium through Playwright; Playwright's own browser download cannot work offline), and
+# for the container path (docs/containers.md) Podman, runc (crun refuses cgroup v1/v2
+# hybrid hosts; --no-install-recommends leaves crun out) and debootstrap (the image's base
+# is made locally: no registry).
 # Nothing is installed when everything is already there.
 set -euo pipefail
 
@@ -9,6 +12,9 @@ missing=()
 compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || missing+=(postgresql)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

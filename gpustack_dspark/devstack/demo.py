@@ -1,8 +1,13 @@
-"""`make demo`: PostgreSQL + GPUStack with the plugin + a CPU worker labelled for JSON
-inference, all on 127.0.0.1, until Ctrl-C; then everything it started is stopped and removed.
+"""`make demo`: the whole path on this machine, on 127.0.0.1 — the CPU DSpark image built
+locally with Podman, PostgreSQL, GPUStack with the plugin, a CPU worker labelled for JSON
+inference that deploys with Podman, the demo model with 2 warm replicas, a short JSON
+benchmark through GPUStack's /v1 — then it serves until Ctrl-C and removes everything it
+started (containers included).
 """
 
 import argparse
+import asyncio
+import json
 import secrets
 import shutil
 import signal
@@ -11,13 +16,27 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
-from gpustack_dspark.devstack.api import GPUStackAPI
-from gpustack_dspark.devstack.postgres import start_postgres
-from gpustack_dspark.devstack.server import ADMIN_USER, GPUStackServer
-from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
-from gpustack_dspark.settings import DEFAULT_JSON_LABEL, PluginSettings
+import httpx
+
+from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
+from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
+from gpustack_dspark.devstack.replica import SERVED_NAME
+from gpustack_dspark.devstack.server import ADMIN_USER
+
+BENCH_REQUESTS = 32
+BENCH_CONCURRENCY = 4
+# The order records the tiny fixture model was trained on.
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": {"type": "integer"}, "user": {"type": "string", "maxLength": 20},
+                   "items": {"type": "array", "maxItems": 3, "items": {
+                       "type": "object", "properties": {"sku": {"type": "string", "maxLength": 12},
+                                                        "qty": {"type": "integer"}},
+                       "required": ["sku", "qty"], "additionalProperties": False}}},
+    "required": ["order_id", "user", "items"], "additionalProperties": False,
+}
 
 
 def _say(message: str) -> None:
@@ -31,54 +50,78 @@ def _feature_line(status: dict) -> str:
     return ", ".join(parts)
 
 
-def run_demo(port: int, with_worker: bool, state_dir: Optional[Path], stop: threading.Event) -> int:
-    base = state_dir or Path(tempfile.mkdtemp(prefix="gpustack-dspark-demo-"))
+def _spec_totals(stack: ContainerStack) -> Dict[str, float]:
+    totals: Dict[str, float] = {}
+    for inst in stack.instances():
+        try:
+            text = httpx.get(f"{replica_url(inst)}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for key, value in spec_counters(text).items():
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+def benchmark(stack: ContainerStack, requests: int = BENCH_REQUESTS,
+              concurrency: int = BENCH_CONCURRENCY) -> Dict[str, Any]:
+    """A short JSON-schema load through GPUStack's /v1; one summary dict (pure figures)."""
+    import jsonschema
+
+    bodies: List[Dict[str, Any]] = [
+        {"model": SERVED_NAME, "max_tokens": 160, "temperature": 0,
+         "messages": [{"role": "user", "content": f"Create an order record for user {500 + i}."}],
+         "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": BENCH_SCHEMA}}}
+        for i in range(requests)]
+    before = _spec_totals(stack)
+    stats = asyncio.run(run_load(stack.server.url, bodies, concurrency,
+                                 check=json_check(lambda v: jsonschema.validate(v, BENCH_SCHEMA)),
+                                 api_key=stack.api.api_key))
+    accepted = acceptance(before, _spec_totals(stack))
+    return {"requests": len(stats.results), "ok": len(stats.ok), "tok_per_s": round(stats.tokens_per_s, 1),
+            "p50_s": round(stats.latency_percentile(50), 3), "p99_s": round(stats.latency_percentile(99), 3),
+            "acceptance_rate": round(accepted["acceptance_rate"], 3),
+            "format_errors": stats.format_errors, "concurrency": concurrency}
+
+
+def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threading.Event) -> int:
+    # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes).
+    base = state_dir or Path(tempfile.mkdtemp(prefix="dspark-demo-"))
     keep = state_dir is not None
     password = "dspark-" + secrets.token_hex(4)
-    started: List = []
+    stack = ContainerStack(base, api_port=port, admin_password=password, say=_say)
     try:
         _say(f"[demo] state in {base}")
-        t0 = time.monotonic()
-        postgres = start_postgres(base / "postgres")
-        started.append(postgres)
-        _say(f"[demo] PostgreSQL on 127.0.0.1:{postgres.port} ({time.monotonic() - t0:.0f}s)")
-
-        server = GPUStackServer(data_dir=base / "server", database_url=postgres.url,
-                                admin_password=password, api_port=port)
-        started.append(server)
-        server.start()
-        _say(f"[demo] GPUStack server with the DSpark plugin is up ({time.monotonic() - t0:.0f}s)")
-        api = GPUStackAPI(server.url, server.create_api_key("dspark-demo"))
-
-        if with_worker:
-            worker: GPUStackWorker = join_cpu_worker(api, server.url, "json-cpu-1", base / "worker",
-                                                     labels=dict([PluginSettings().json_label]))
-            started.append(worker)
-            _say(f"[demo] CPU worker json-cpu-1 ready, labelled {DEFAULT_JSON_LABEL} ({time.monotonic() - t0:.0f}s)")
-
-        status = {}
+        _say("[demo] building the CPU DSpark image (cached by its inputs; the first build takes minutes)")
+        stack.start_platform()
+        status = stack.api.get("/v2/dspark/status")
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not stop.is_set():
-            status = api.get("/v2/dspark/status")
-            if status["features"]["backend_registration"]["state"] != "pending":
-                break
+        while status["features"]["backend_registration"]["state"] == "pending" and time.monotonic() < deadline:
             time.sleep(0.5)
+            status = stack.api.get("/v2/dspark/status")
         _say(f"[demo] DSpark plugin {status['plugin']['version']} on GPUStack {status['gpustack']['version']}: "
              f"{_feature_line(status)}")
-        _say(f"GPUStack UI: {server.url}/")
+        _say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
+             f"image {stack.image}")
+        _say(f"[demo] deploying {SERVED_NAME} with {replicas} replicas (RUNNING once warm)")
+        stack.deploy(replicas=replicas)
+        _say("[demo] benchmark: " + json.dumps(benchmark(stack)))
+        _say(f"[demo] phases (s): {json.dumps(stack.phases)}")
+        _say(f"GPUStack UI: {stack.server.url}/")
         _say(f"Admin login: {ADMIN_USER} / {password}")
-        _say(f"Plugin status: curl -u {ADMIN_USER}:{password} {server.url}/v2/dspark/status")
+        _say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
+        _say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
+             f"-H 'content-type: application/json' -d '{{\"model\": \"{SERVED_NAME}\", "
+             f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order\"}}]}}'")
         _say("[demo] serving; press Ctrl-C to stop and clean up")
         while not stop.wait(1.0):
-            for proc in (server.process, *(w.process for w in started if isinstance(w, GPUStackWorker))):
+            for proc in (stack.server.process, stack.worker.process, stack.service.process):
                 if proc is not None and not proc.alive():
                     _say(f"[demo] a process exited unexpectedly; see {proc.log_path}")
                     return 1
         return 0
     finally:
         _say("[demo] stopping")
-        for item in reversed(started):
-            item.stop()
+        stack.stop()
         if not keep:
             shutil.rmtree(base, ignore_errors=True)
         _say("[demo] stopped; everything it started is gone")
@@ -86,18 +129,20 @@ def run_demo(port: int, with_worker: bool, state_dir: Optional[Path], stop: thre
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpustack_dspark.devstack demo",
-                                     description="Run GPUStack with the DSpark plugin on this machine.")
+                                     description="Run GPUStack with DSpark replicas in containers on this machine.")
     parser.add_argument("--port", type=int, default=9180, help="GPUStack API/UI port on 127.0.0.1 (default 9180)")
-    parser.add_argument("--no-worker", action="store_true", help="do not start a CPU worker")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas of the demo model (default 2)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep state here instead of a temporary folder removed on exit")
     args = parser.parse_args(argv)
+    if args.replicas < 1:
+        parser.error(f"--replicas: {args.replicas} is not allowed; give 1 or more")
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        return run_demo(args.port, not args.no_worker, args.state_dir, stop)
+        return run_demo(args.port, args.replicas, args.state_dir, stop)
     except Exception as e:  # a clear line, not a traceback, for setup problems
         print(f"[demo] failed: {e}", file=sys.stderr, flush=True)
         return 1

@@ -1,4 +1,7 @@
-"""The README's demo command's main job: a working GPUStack UI with the plugin, clean Ctrl-C."""
+"""The README's demo command: the whole container path up to "serving" (UI, admin login,
+a JSON benchmark line), then a clean Ctrl-C that leaves no process and no container."""
+
+import json
 
 import re
 import signal
@@ -10,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.postgres import free_port
 
 pytestmark = pytest.mark.integration
@@ -30,14 +34,24 @@ def _read_until(proc, pattern, timeout_s, seen):
     raise AssertionError(f"demo never printed {pattern!r}; output:\n{''.join(seen)}")
 
 
-def test_demo_serves_the_ui_with_the_plugin_and_stops_cleanly_on_ctrl_c():
+def _container_names(config):
+    return set(config.run("ps", "-a", "--format", "{{.Names}}").stdout.split())
+
+
+def test_demo_serves_warm_replicas_behind_the_ui_and_stops_cleanly_on_ctrl_c():
+    config = podman_host.prepare()  # fails here, with the reason, where Podman cannot work
+    containers_before = _container_names(config)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpustack_dspark.devstack", "demo", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         state_dir = Path(_read_until(proc, r"\[demo\] state in (\S+)", 30, seen).group(1))
-        url = _read_until(proc, r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 300, seen).group(1)
+        # Cold image build included: bounded generously, the cached path takes ~2 minutes.
+        summary = json.loads(_read_until(proc, r"\[demo\] benchmark: (\{.*\})", 1800, seen).group(1))
+        assert summary["ok"] == summary["requests"] > 0 and summary["format_errors"] == 0, summary
+        assert summary["tok_per_s"] > 0 and summary["p99_s"] > 0, summary
+        url = _read_until(proc, r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 10, seen).group(1)
         user, password = _read_until(proc, r"Admin login: (\S+) / (\S+)", 10, seen).groups()
         _read_until(proc, r"press Ctrl-C", 10, seen)
         assert "backend_registration=enabled" in "".join(seen)
@@ -49,6 +63,9 @@ def test_demo_serves_the_ui_with_the_plugin_and_stops_cleanly_on_ctrl_c():
         assert status.json()["features"]["backend_registration"]["state"] == "enabled"
         workers = httpx.get(f"{url}/v2/workers", auth=(user, password), timeout=10).json()["items"]
         assert [w["labels"].get("role") for w in workers] == ["json-inference"]
+        instances = httpx.get(f"{url}/v2/model-instances", auth=(user, password), timeout=10).json()["items"]
+        assert [i["state"] for i in instances] == ["running", "running"]
+        assert len(_container_names(config) - containers_before) >= 2  # the replicas' containers
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0
@@ -57,6 +74,7 @@ def test_demo_serves_the_ui_with_the_plugin_and_stops_cleanly_on_ctrl_c():
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/healthz", timeout=3)
         assert not state_dir.exists()
+        assert _container_names(config) == containers_before
     finally:
         if proc.poll() is None:
             proc.kill()
