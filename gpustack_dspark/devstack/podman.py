@@ -107,20 +107,25 @@ def storage_conf(graphroot: Path, runroot: Path) -> str:
             f'[storage]\ndriver = "overlay"\ngraphroot = "{graphroot}"\nrunroot = "{runroot}"\n')
 
 
-# Deletes process.oomScoreAdj from the bundle's config.json, then execs the real runc.
-_WRAPPER = '''#!{python}
+# Deletes process.oomScoreAdj from the bundle's config.json on create/run, then execs the
+# real runc; every other call (state, kill, delete: frequent) goes straight to runc.
+_DROP_OOM_ADJ = """
 import json, os, sys
 args = sys.argv[1:]
 for flag in ("--bundle", "-b"):
     if flag in args and args.index(flag) + 1 < len(args):
         path = os.path.join(args[args.index(flag) + 1], "config.json")
-        with open(path) as f:
-            spec = json.load(f)
-        if spec.get("process", {{}}).pop("oomScoreAdj", None) is not None:
-            with open(path, "w") as f:
-                json.dump(spec, f)
-os.execv({runc!r}, [{runc!r}] + args)
-'''
+        spec = json.load(open(path))
+        if spec.get("process", {}).pop("oomScoreAdj", None) is not None:
+            json.dump(spec, open(path, "w"))
+"""
+_WRAPPER = """#!/bin/sh
+# written by gpustack_dspark.devstack.podman; see docs/containers.md
+for arg in "$@"; do
+  case "$arg" in create|run) {python} -c '{drop}' "$@" || exit 1; break;; esac
+done
+exec {runc} "$@"
+"""
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -163,7 +168,7 @@ def prepare(root: Optional[Path] = None) -> PodmanConfig:
     wrapper = conf / "runc-wrapper"
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
     if fixes.runtime == "runc-wrapper":
-        _write(wrapper, _WRAPPER.format(python=python, runc=facts.runc), 0o755)
+        _write(wrapper, _WRAPPER.format(python=python, runc=facts.runc, drop=_DROP_OOM_ADJ), 0o755)
     _write(conf / "containers.conf", containers_conf(fixes, facts.runc, wrapper))
     _write(conf / "storage.conf", storage_conf(root / "storage", root / "run" / "storage"))
     env = {"CONTAINERS_CONF": str(conf / "containers.conf"),
