@@ -84,8 +84,9 @@ def benchmark(stack: ContainerStack, requests: int = BENCH_REQUESTS,
 
 
 def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threading.Event) -> int:
-    # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes).
-    base = state_dir or Path(tempfile.mkdtemp(prefix="dspark-demo-"))
+    # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes);
+    # no "dspark" in it (demo_model.VLLM_PATH_MARKERS).
+    base = state_dir or Path(tempfile.mkdtemp(prefix="gsd-demo-"))
     keep = state_dir is not None
     password = "dspark-" + secrets.token_hex(4)
     stack = ContainerStack(base, api_port=port, admin_password=password, say=_say)

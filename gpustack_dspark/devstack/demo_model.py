@@ -13,6 +13,10 @@ from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.replica import CPU_VLLM_ARGS, DRAFT_MODEL, SERVED_NAME, TARGET_MODEL
 
 WARMUP_REQUESTS = 8
+# vLLM 0.32 picks the speculative method from the draft checkpoint's *path* when these occur
+# in it (SpeculativeConfig: "dspark" in the path -> method dspark, GPU-only), overriding
+# method=draft_model: found when a temp folder named dspark-* made the replicas fail on CPU.
+VLLM_PATH_MARKERS = ("dspark", "eagle-", "eagle3", "dflash")
 
 
 def equal_form(argv) -> List[str]:
@@ -33,6 +37,11 @@ def stage_model_dir(dest: Path) -> Path:
     so the model gets its own parent (never the checkout's fixtures/); the draft sits beside
     it and is visible in the container at the same path.
     """
+    marker = next((m for m in VLLM_PATH_MARKERS if m in str(dest.resolve()).lower()), None)
+    if marker:
+        raise ValueError(f"model folder {dest}: vLLM would take the {marker!r} in this path as the "
+                         f"speculative method of the draft model; use a folder whose path has none of "
+                         f"{', '.join(VLLM_PATH_MARKERS)}")
     dest.mkdir(parents=True, exist_ok=True)
     for source in (TARGET_MODEL, DRAFT_MODEL):
         if not (dest / source.name).exists():

@@ -16,7 +16,7 @@ import pytest
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.postgres import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700)]  # may include the cold image build
 
 
 def _read_until(proc, pattern, timeout_s, seen):

@@ -25,7 +25,9 @@ from gpustack_dspark.devstack.container_stack import ContainerStack, replica_inf
 from gpustack_dspark.devstack.replica import SERVED_NAME
 from tests.conftest import dspark_status, wait_for
 
-pytestmark = pytest.mark.integration
+# The module's first test carries the stack's start: a cold image build on a fresh machine
+# and GPUStack's provisioning take minutes (the project default is 900 s per test).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700)]
 
 # GPUStack 2.3's instance states in the order a fresh replica goes through them.
 STATE_ORDER = ["pending", "analyzing", "scheduled", "initializing", "downloading", "starting", "running"]
@@ -55,7 +57,8 @@ def _body(i: int) -> Dict:
 @pytest.fixture(scope="module")
 def stack():
     # Short path: the Podman API socket lives here (unix socket paths are limited to 108 bytes).
-    base = Path(tempfile.mkdtemp(prefix="dspark-e2e-"))
+    # (No "dspark" in it: see demo_model.VLLM_PATH_MARKERS.)
+    base = Path(tempfile.mkdtemp(prefix="gsd-e2e-"))
     s = ContainerStack(base, say=print)
     try:
         s.start_platform()

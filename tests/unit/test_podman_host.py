@@ -53,3 +53,12 @@ def test_demo_model_fields():
     assert body["replicas"] == 2 and body["cpu_offloading"] and body["enable_model_route"]
     assert "--dspark-draft-model=/m/tiny-order/tiny-order-draft" in body["backend_parameters"]
     assert "--enable-dspark" in body["backend_parameters"]
+
+
+def test_a_model_folder_vllm_would_misread_is_refused(tmp_path):
+    import pytest
+
+    from gpustack_dspark.devstack.demo_model import stage_model_dir
+
+    with pytest.raises(ValueError, match="'dspark' in this path"):
+        stage_model_dir(tmp_path / "dspark-demo" / "m")
