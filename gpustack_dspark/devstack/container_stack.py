@@ -131,7 +131,8 @@ class ContainerStack:
     say: Callable[[str], None] = print
     phases: Dict[str, float] = field(default_factory=dict)
     image: Optional[str] = None
-    podman: Optional[podman_host.PodmanConfig] = None
+    podman: Optional[podman_host.PodmanConfig] = None       # the machine's store (images)
+    run_podman: Optional[podman_host.PodmanConfig] = None   # this run's containers
     service: Optional[podman_host.PodmanService] = None
     postgres: Optional[Postgres] = None
     server: Optional[GPUStackServer] = None
@@ -165,8 +166,9 @@ class ContainerStack:
         self.api = GPUStackAPI(self.server.url, self.server.create_api_key("dspark-stack"))
         self._phase("server", t)
         t = time.monotonic()
-        # Per run (not per machine): a socket path of our own, so runs never share a service.
-        self.service = podman_host.PodmanService(self.podman, self.base / "podman.log",
+        # Per run: its own service socket and container store (images shared, read-only).
+        self.run_podman = self.podman.for_run(self.base / "containers")
+        self.service = podman_host.PodmanService(self.run_podman, self.base / "podman.log",
                                                  self.base / "podman.sock").start()
         self.worker = join_cpu_worker(self.api, self.server.url, self.worker_name, self.base / "worker",
                                       labels=dict([PluginSettings().json_label]),
@@ -201,7 +203,7 @@ class ContainerStack:
 
     def containers(self) -> List[Dict[str, Any]]:
         """Containers of this run's workloads (named after its model's instances)."""
-        out = self.podman.run("ps", "-a", "--format", "json", check=False)
+        out = self.run_podman.run("ps", "-a", "--format", "json", check=False)
         if out.returncode != 0 or not out.stdout.strip():
             return []
         import json
@@ -234,12 +236,11 @@ class ContainerStack:
         return round(time.monotonic() - t, 1)
 
     def _containers_named(self, names: Tuple[str, ...]) -> List[str]:
-        out = self.podman.run("ps", "-a", "--format", "{{.Names}}", check=False)
+        out = self.run_podman.run("ps", "-a", "--format", "{{.Names}}", check=False)
         return [n for n in out.stdout.split() if names and n.startswith(names)]
 
     def stop(self) -> None:
         """Stop and remove everything this stack started, containers included; never raises."""
-        names = self._instance_names()
         steps = []
         if self.model is not None and self.api is not None:
             steps.append(("delete the model", lambda: self.delete_model(60)))
@@ -247,11 +248,14 @@ class ContainerStack:
             steps.append(("stop the watcher", self.watch.stop))
         if self.worker is not None:
             steps.append(("stop the worker", self.worker.stop))
-        if names and self.podman is not None:
-            steps.append(("remove leftover containers", lambda: [
-                self.podman.run("rm", "-f", "-t", "0", n, check=False) for n in self._containers_named(names)]))
+        if self.run_podman is not None:  # this run's store holds only this run's containers
+            steps.append(("remove leftover containers", lambda: self.run_podman.run(
+                "rm", "-a", "-f", "-t", "0", check=False, timeout_s=120)))
         if self.service is not None:
             steps.append(("stop podman system service", self.service.stop))
+        if self.run_podman is not None:
+            steps.append(("unmount this run's store", lambda: self.run_podman.run(
+                "unmount", "-a", "-f", check=False)))
         if self.api is not None:
             steps.append(("close the API client", self.api.close))
         if self.server is not None:

@@ -102,9 +102,12 @@ def containers_conf(fixes: Fixes, runc: Optional[str], wrapper: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def storage_conf(graphroot: Path, runroot: Path) -> str:
-    return ("# written by gpustack_dspark.devstack.podman; see docs/containers.md\n"
+def storage_conf(graphroot: Path, runroot: Path, image_store: Optional[Path] = None) -> str:
+    text = ("# written by gpustack_dspark.devstack.podman; see docs/containers.md\n"
             f'[storage]\ndriver = "overlay"\ngraphroot = "{graphroot}"\nrunroot = "{runroot}"\n')
+    if image_store is not None:
+        text += f'[storage.options]\nadditionalimagestores = ["{image_store}"]\n'
+    return text
 
 
 # Deletes process.oomScoreAdj from the bundle's config.json on create/run, then execs the
@@ -139,6 +142,18 @@ class PodmanConfig:
     root: Path
     fixes: Fixes
     env: Dict[str, str] = field(default_factory=dict)
+
+    def for_run(self, run_dir: Path) -> "PodmanConfig":
+        """A store of this run's own for containers, reading images from the machine's store.
+
+        GPUStack's worker removes every GPUStack workload in its store that is not one of its
+        own instances (worker/workload_cleaner.py): two runs sharing a store (a demo and the
+        tests) would delete each other's replicas. Images stay shared and built once.
+        """
+        run_dir.mkdir(parents=True, exist_ok=True)
+        conf = run_dir / "storage.conf"
+        _write(conf, storage_conf(run_dir / "storage", run_dir / "run", image_store=self.root / "storage"))
+        return PodmanConfig(self.root, self.fixes, {**self.env, "CONTAINERS_STORAGE_CONF": str(conf)})
 
     def run(self, *args: str, check: bool = True, timeout_s: float = 120,
             input_text: Optional[str] = None) -> subprocess.CompletedProcess:

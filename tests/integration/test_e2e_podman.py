@@ -150,7 +150,7 @@ def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(s
     # Kill once the load is flowing: requests are in flight on both replicas.
     wait_for(lambda: sum(_served(s).values()) >= baseline + 4, 180, "the load to reach the replicas")
     killed_at = time.time()
-    s.podman.run("kill", run_containers[0]["Id"])
+    s.run_podman.run("kill", run_containers[0]["Id"])
     loader.join(timeout=600)
     assert done.is_set(), "the load did not finish"
     assert [r.status_code for r in results] == [200] * 48, [r.text[:200] for r in results if r.status_code != 200]

@@ -62,3 +62,8 @@ def test_a_model_folder_vllm_would_misread_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="'dspark' in this path"):
         stage_model_dir(tmp_path / "dspark-demo" / "m")
+
+
+def test_a_run_store_reads_images_from_the_machine_store():
+    text = storage_conf(Path("/run1/storage"), Path("/run1/run"), image_store=Path("/m/storage"))
+    assert 'graphroot = "/run1/storage"' in text and 'additionalimagestores = ["/m/storage"]' in text
