@@ -104,7 +104,7 @@ def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threadin
         _say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
              f"image {stack.image}")
         _say(f"[demo] deploying {SERVED_NAME} with {replicas} replicas (RUNNING once warm)")
-        stack.deploy(replicas=replicas)
+        stack.deploy(replicas=replicas, timeout_s=1500)  # minutes on a busy 2-core machine
         _say("[demo] benchmark: " + json.dumps(benchmark(stack)))
         _say(f"[demo] phases (s): {json.dumps(stack.phases)}")
         _say(f"GPUStack UI: {stack.server.url}/")
