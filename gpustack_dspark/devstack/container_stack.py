@@ -239,8 +239,20 @@ class ContainerStack:
         out = self.run_podman.run("ps", "-a", "--format", "{{.Names}}", check=False)
         return [n for n in out.stdout.split() if names and n.startswith(names)]
 
-    def stop(self) -> None:
-        """Stop and remove everything this stack started, containers included; never raises."""
+    def _remove_all_containers(self) -> None:
+        # Podman 4.3's `rm -a` can trip over a pause container whose run container goes in
+        # the same call ("has dependent containers"): repeat until the store is empty.
+        for _ in range(3):
+            self.run_podman.run("rm", "-a", "-f", "-t", "0", check=False, timeout_s=120)
+            if not self.run_podman.run("ps", "-a", "-q", check=False).stdout.strip():
+                return
+        raise RuntimeError("containers left: " + self.run_podman.run("ps", "-a", "--format", "{{.Names}}",
+                                                                     check=False).stdout.replace("\n", " "))
+
+    def stop(self) -> List[str]:
+        """Stop and remove everything this stack started, containers included; never raises.
+        Returns what could not be cleaned up (empty when everything is gone)."""
+        problems: List[str] = []
         steps = []
         if self.model is not None and self.api is not None:
             steps.append(("delete the model", lambda: self.delete_model(60)))
@@ -249,8 +261,7 @@ class ContainerStack:
         if self.worker is not None:
             steps.append(("stop the worker", self.worker.stop))
         if self.run_podman is not None:  # this run's store holds only this run's containers
-            steps.append(("remove leftover containers", lambda: self.run_podman.run(
-                "rm", "-a", "-f", "-t", "0", check=False, timeout_s=120)))
+            steps.append(("remove leftover containers", self._remove_all_containers))
         if self.service is not None:
             steps.append(("stop podman system service", self.service.stop))
         if self.run_podman is not None:
@@ -267,3 +278,6 @@ class ContainerStack:
                 step()
             except Exception as e:  # keep going: the rest must still be cleaned up
                 self.say(f"[stack] could not {what}: {e}")
+                if what != "delete the model":  # the container sweep below covers that one
+                    problems.append(f"{what}: {e}")
+        return problems

@@ -122,10 +122,13 @@ def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threadin
         return 0
     finally:
         _say("[demo] stopping")
-        stack.stop()
-        if not keep:
-            shutil.rmtree(base, ignore_errors=True)
-        _say("[demo] stopped; everything it started is gone")
+        problems = stack.stop()
+        if problems:  # keep the folder: it holds the container store still in use
+            _say(f"[demo] stopped, but not everything is gone ({'; '.join(problems)}); state in {base}")
+        else:
+            if not keep:
+                shutil.rmtree(base, ignore_errors=True)
+            _say("[demo] stopped; everything it started is gone")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

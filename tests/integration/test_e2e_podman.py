@@ -65,8 +65,9 @@ def stack():
         s.deploy(replicas=2, timeout_s=900)
         yield s
     finally:
-        s.stop()
+        problems = s.stop()
         print(f"[e2e] phases (s): {json.dumps(s.phases)}")
+        assert not problems, problems  # a leftover container or process fails the run
         shutil.rmtree(base, ignore_errors=True)
 
 
