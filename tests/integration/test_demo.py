@@ -89,6 +89,10 @@ def test_demo_serves_warm_replicas_behind_the_ui_and_stops_cleanly_on_ctrl_c():
         assert not state_dir.exists()
         assert not _processes_mentioning(state_dir)  # no replica, conmon or podman left
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed assertion: let the demo clean up (containers) first
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
