@@ -20,7 +20,7 @@ from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.demo_model import create_demo_model, stage_model_dir
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
 from gpustack_dspark.devstack.server import GPUStackServer
-from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
+from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range, join_cpu_worker
 from gpustack_dspark.settings import PluginSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +172,8 @@ class ContainerStack:
                                                  self.base / "podman.sock").start()
         self.worker = join_cpu_worker(self.api, self.server.url, self.worker_name, self.base / "worker",
                                       labels=dict([PluginSettings().json_label]),
-                                      extra_env=self.service.worker_env())
+                                      extra_env=self.service.worker_env(),
+                                      service_port_range=free_port_range())
         self._phase("worker", t)
         return self
 

@@ -19,6 +19,9 @@ class GPUStackWorker:
     worker_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     extra_env: Dict[str, str] = field(default_factory=dict)
+    # Replicas' ports ("41000-41063"); GPUStack's default range is shared by every worker on
+    # the host, and with host networking two runs' replicas then collide.
+    service_port_range: Optional[str] = None
     process: Optional[ManagedProcess] = None
     id: Optional[int] = None
 
@@ -34,6 +37,7 @@ class GPUStackWorker:
             "--worker-metrics-port", str(self.metrics_port),
             "--data-dir", str(self.data_dir),
             "--disable-update-check",
+            *(["--service-port-range", self.service_port_range] if self.service_port_range else []),
         ]
 
     def start(self, api: GPUStackAPI, timeout_s: float = 180,
@@ -57,11 +61,31 @@ class GPUStackWorker:
             self.process = None
 
 
+def free_port_range(size: int = 64, low: int = 41000, high: int = 60000) -> str:
+    """A block of `size` ports on 127.0.0.1 that are free now, e.g. "41664-41727"."""
+    import random
+    import socket
+
+    starts = list(range(low, high - size, size))
+    random.shuffle(starts)
+    for start in starts:
+        try:
+            for port in range(start, start + size):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return f"{start}-{start + size - 1}"
+        except OSError:
+            continue
+    raise RuntimeError(f"no {size} free ports in {low}-{high}")
+
+
 def join_cpu_worker(api: GPUStackAPI, server_url: str, name: str, data_dir: Path,
                     cluster: str = "dspark-local", labels: Optional[Dict[str, str]] = None,
-                    timeout_s: float = 180, extra_env: Optional[Dict[str, str]] = None) -> GPUStackWorker:
+                    timeout_s: float = 180, extra_env: Optional[Dict[str, str]] = None,
+                    service_port_range: Optional[str] = None) -> GPUStackWorker:
     """`extra_env`: e.g. the Podman deployer's settings (devstack/podman.py)."""
     cluster_id = api.ensure_cluster(cluster)
     worker = GPUStackWorker(name=name, data_dir=data_dir, server_url=server_url,
-                            token=api.registration_token(cluster_id), extra_env=dict(extra_env or {}))
+                            token=api.registration_token(cluster_id), extra_env=dict(extra_env or {}),
+                            service_port_range=service_port_range)
     return worker.start(api, timeout_s=timeout_s, labels=labels)
