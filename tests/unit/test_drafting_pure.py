@@ -107,7 +107,8 @@ def test_statistical_guess_the_grammar_refuses_ends_the_draft():
 
 
 def test_counters_summary_and_file_round_trip(tmp_path):
-    counters = DraftingCounters(forced_proposed=10, forced_accepted=9, target_forward_passes=4, output_tokens=13)
+    counters = DraftingCounters(forced_proposed=12, forced_accepted=9, forced_rejected=1,
+                                target_forward_passes=4, output_tokens=13)
     summary = counters.summary()
     assert summary["tokens_per_forward"] == 3.25 and summary["forced_acceptance"] == 0.9
     assert summary["statistical_acceptance"] is None

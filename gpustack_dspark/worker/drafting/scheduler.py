@@ -192,10 +192,13 @@ class DraftingLayer:
         if not kinds or not num_scheduled:
             return
         accepted = max(num_generated - 1, 0)
+        counters = self.counters
         for position, kind in enumerate(kinds[:num_scheduled]):
-            setattr(self.counters, f"{kind}_proposed", getattr(self.counters, f"{kind}_proposed") + 1)
+            _bump(counters, f"{kind}_proposed")
             if position < accepted:
-                setattr(self.counters, f"{kind}_accepted", getattr(self.counters, f"{kind}_accepted") + 1)
+                _bump(counters, f"{kind}_accepted")
+            elif position == accepted:
+                _bump(counters, f"{kind}_rejected")
 
     def finish(self, request) -> None:
         rid = request.request_id
@@ -203,6 +206,10 @@ class DraftingLayer:
         self.kinds.pop(rid, None)
         if self.seen.pop(rid, False):
             self.shared.add_output(list(request.output_token_ids))
+
+
+def _bump(counters: DraftingCounters, name: str) -> None:
+    setattr(counters, name, getattr(counters, name) + 1)
 
 
 @functools.lru_cache(maxsize=None)

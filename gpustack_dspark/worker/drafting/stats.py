@@ -18,12 +18,17 @@ WRITE_INTERVAL_S = 0.5
 
 @dataclass
 class DraftingCounters:
+    # proposed: every draft token verified; accepted: kept; rejected: the first token the
+    # target model refused (the tokens after it were never reached, so they count for neither).
     forced_proposed: int = 0
     forced_accepted: int = 0
+    forced_rejected: int = 0
     statistical_proposed: int = 0
     statistical_accepted: int = 0
+    statistical_rejected: int = 0
     base_proposed: int = 0          # vLLM's own drafter's tokens, passed through
     base_accepted: int = 0
+    base_rejected: int = 0
     drafts: int = 0                 # drafts the layer built
     drafts_cut_by_threshold: int = 0
     grammar_trimmed_tokens: int = 0  # layer tokens vLLM's grammar check removed (expected 0)
@@ -39,8 +44,10 @@ class DraftingCounters:
         return round(self.output_tokens / self.target_forward_passes, 4)
 
     def acceptance(self, kind: str) -> Optional[float]:
-        proposed = getattr(self, f"{kind}_proposed")
-        return round(getattr(self, f"{kind}_accepted") / proposed, 4) if proposed else None
+        """Of this kind's tokens the verifier reached, the share it kept."""
+        accepted = getattr(self, f"{kind}_accepted")
+        reached = accepted + getattr(self, f"{kind}_rejected")
+        return round(accepted / reached, 4) if reached else None
 
     def summary(self) -> Dict[str, Any]:
         out: Dict[str, Any] = asdict(self)
@@ -88,6 +95,10 @@ def read_counters(path: Optional[str] = None) -> Optional[DraftingCounters]:
 METRICS = (
     ("dspark_draft_forced_tokens_proposed_total", "Grammar-forced draft tokens proposed", "forced_proposed"),
     ("dspark_draft_forced_tokens_accepted_total", "Grammar-forced draft tokens accepted", "forced_accepted"),
+    ("dspark_draft_forced_tokens_rejected_total", "Grammar-forced draft tokens that were the first one rejected",
+     "forced_rejected"),
+    ("dspark_draft_statistical_tokens_rejected_total", "Statistical draft tokens that were the first one rejected",
+     "statistical_rejected"),
     ("dspark_draft_statistical_tokens_proposed_total", "Statistical (n-gram/suffix) draft tokens proposed",
      "statistical_proposed"),
     ("dspark_draft_statistical_tokens_accepted_total", "Statistical draft tokens accepted", "statistical_accepted"),
