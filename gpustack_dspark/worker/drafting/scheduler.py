@@ -21,7 +21,8 @@ from gpustack_dspark.worker.drafting import draft_builder
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
-logger = logging.getLogger("gpustack_dspark.worker.drafting")
+# Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
+logger = logging.getLogger("vllm.dspark.drafting")
 
 PINNED_VLLM = "0.32.0"
 CONFIG_KEY = "dspark_drafting"
@@ -68,7 +69,9 @@ def check_vllm_internals() -> List[str]:
             problems.append(f"{path} is missing ({e.__class__.__name__})")
             continue
         fields = getattr(owner, "__dataclass_fields__", {})
-        if not hasattr(owner, attr) and attr not in fields:
+        found = getattr(owner, attr, None)
+        # An abstract method inherited from an interface is no implementation.
+        if attr not in fields and (found is None or getattr(found, "__isabstractmethod__", False)):
             problems.append(f"{path}.{attr} is missing")
     return problems
 
