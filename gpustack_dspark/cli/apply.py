@@ -42,28 +42,35 @@ def render(docs: List[modeldoc.ModelDocument]) -> str:
     return yaml.safe_dump_all([d.entry for d in docs], sort_keys=False, allow_unicode=True)
 
 
-def choose_cluster(api: ModelsAPI, docs: List[modeldoc.ModelDocument], wanted: Optional[str]) -> Optional[int]:
-    """The cluster id to force on the import, if one is needed.
+def fill_from_server(api: ModelsAPI, docs: List[modeldoc.ModelDocument], wanted: Optional[str]) -> None:
+    """Complete what a hand-written document may leave to the server.
 
-    Documents that name a `cluster_name` land there; existing deployments stay where they
-    are. A new model without a cluster goes to --cluster, or to the only cluster there is.
+    `cluster_name` (GPUStack's import needs one for an admin key, which has no organization
+    of its own): the document's own, else the cluster an existing model of that name lives
+    in, else --cluster, else the only cluster there is. `categories`: GPUStack derives them
+    from the model's config when a model has none; an existing model keeps its own, so a
+    document that does not mention them does not read as a change.
     """
-    if wanted is None and all("cluster_name" in d.entry for d in docs):
-        return None
     clusters = api.clusters()
-    names = ", ".join(c["name"] for c in clusters) or "none"
-    if wanted is not None:
-        match = [c for c in clusters if c["name"] == wanted]
-        if not match:
-            raise BadInput(f"--cluster {wanted!r}: no such cluster; clusters: {names}")
-        return match[0]["id"]
-    existing = {m["name"] for m in api.models()}
-    if all("cluster_name" in d.entry or d.name in existing for d in docs):
-        return None
-    if len(clusters) == 1:
-        return clusters[0]["id"]
-    raise BadInput(f"which cluster? GPUStack has {len(clusters)} clusters ({names}): "
-                   "pass --cluster NAME or set cluster_name in the document")
+    by_id = {c["id"]: c["name"] for c in clusters}
+    names = ", ".join(by_id.values()) or "none"
+    if wanted is not None and wanted not in by_id.values():
+        raise BadInput(f"--cluster {wanted!r}: no such cluster; clusters: {names}")
+    existing = {m["name"]: m for m in api.models()}
+    for doc in docs:
+        entry, current = doc.entry, existing.get(doc.name)
+        if "categories" not in entry and current and current.get("categories"):
+            entry["categories"] = list(current["categories"])
+        if "cluster_name" in entry:
+            continue
+        cluster = (current and by_id.get(current.get("cluster_id"))) or wanted
+        if cluster is None:
+            if len(clusters) != 1:
+                raise BadInput(f"{doc.name}: which cluster? GPUStack has {len(clusters)} clusters ({names}): "
+                               "pass --cluster NAME or set cluster_name in the document")
+            cluster = clusters[0]["name"]
+        doc.entry = {"name": entry["name"], "cluster_name": cluster,
+                     **{k: v for k, v in entry.items() if k != "name"}}
 
 
 def _refusals(file: str, steps: List[plan.Step]) -> List[str]:
@@ -76,8 +83,7 @@ def _refusals(file: str, steps: List[plan.Step]) -> List[str]:
     return out
 
 
-def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.Step],
-          cluster_id: Optional[int]) -> None:
+def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.Step]) -> None:
     in_place = [s for s in steps if s.action == "update" and s.running]
     imported = [s for s in steps if s.action == "create" or (s.action == "update" and not s.running)]
     done: List[Tuple[int, plan.Step]] = []
@@ -89,7 +95,7 @@ def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.S
             api.request("PUT", f"/v2/models/{model['id']}", json=_put_body(model, plan.sparse_update(step.changes)))
             done.append((model["id"], step))
         if imported:
-            api.import_documents(render([docs[s.index - 1] for s in imported]), dry_run=False, cluster_id=cluster_id,
+            api.import_documents(render([docs[s.index - 1] for s in imported]), dry_run=False,
                                  overwrite=[s.name for s in imported if s.action == "update"])
     except CLIError as e:
         undone = _roll_back(api, done)
@@ -99,8 +105,10 @@ def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.S
 def _put_body(model: Dict, changes: Dict) -> Dict:
     # GPUStack's update schema requires the name and the source; everything else not sent
     # is left as it is (a sparse update).
-    keep = ("name", "source", "huggingface_repo_id", "huggingface_filename", "model_scope_model_id",
-            "model_scope_file_path", "local_path")
+    # `backend` too: without it GPUStack's model validator re-derives
+    # distributed_inference_across_workers as for its default backend and writes that.
+    keep = ("name", "source", "backend", "distributed_inference_across_workers", "huggingface_repo_id",
+            "huggingface_filename", "model_scope_model_id", "model_scope_file_path", "local_path")
     return {**{k: model[k] for k in keep if model.get(k) is not None}, **changes}
 
 
@@ -136,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
     except modeldoc.SpecErrors as e:
         raise BadInput(f"{len(e.errors)} problem(s), nothing applied:\n{e}") from None
     with ModelsAPI(args.server, args.api_key) as api:
-        cluster_id = choose_cluster(api, docs, args.cluster)
-        steps = plan.read_plan(api.import_documents(render(docs), dry_run=True, cluster_id=cluster_id))
+        fill_from_server(api, docs, args.cluster)
+        steps = plan.read_plan(api.import_documents(render(docs), dry_run=True))
         refusals = _refusals(args.file, steps)
         if refusals:
             raise BadInput(f"GPUStack refused the file, nothing applied:\n" + "\n".join(refusals))
@@ -145,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             return 0
         if any(s.action != "unchanged" for s in steps):
-            write(api, docs, steps, cluster_id)
+            write(api, docs, steps)
             print("applied", flush=True)
         if any(s.running and s.action == "update" for s in steps):
             print("note: running instances keep their old settings until restarted "
