@@ -152,6 +152,7 @@ class _Checker:
             elif value is not None and self._kind_ok(key, value):
                 entry[key] = value
         self._required(entry)
+        self._local_path(entry)
         gpu_count = self._gpu_selector(entry)
         knobs = self._dspark(data, entry, gpu_count)
         if self.errors:
@@ -202,6 +203,13 @@ class _Checker:
         source = entry.get("source")
         if source in gf.SOURCE_FIELDS and not entry.get(gf.SOURCE_FIELDS[source]):
             self.fail(("source",), f"source {source} needs {gf.SOURCE_FIELDS[source]}")
+
+    def _local_path(self, entry: Dict[str, Any]) -> None:
+        """A relative local_path is taken from the YAML file's folder (GPUStack needs an
+        absolute path; relative ones only make sense where the worker shares this disk)."""
+        path = entry.get("local_path")
+        if isinstance(path, str) and not FsPath(path).is_absolute():
+            entry["local_path"] = str((self.base_dir / path).resolve())
 
     def _gpu_selector(self, entry: Dict[str, Any]) -> Optional[int]:
         """gpu_selector keys; `gpu_count: N` (our shorthand) becomes --tensor-parallel-size=N."""
@@ -429,4 +437,4 @@ class _Checker:
                     self.fail(("gpu_selector", "gpu_count"), f"{gpu_count} disagrees with {TP_FLAG} {value} in "
                               "backend_parameters; keep one")
                 return rest
-        return rest + [f"{TP_FLAG}={gpu_count}"]
+        return [f"{TP_FLAG}={gpu_count}"] + rest  # where the flags form usually has it

@@ -3,6 +3,7 @@ the plugin on a real PostgreSQL (one server for the module). The CLI runs in-pro
 through its `main()`; GPUStack's own import endpoint checks the round trip."""
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -223,15 +224,19 @@ MALFORMED = [
 ]
 
 
+GOOD = "name: would-be-created\nsource: local_path\nlocal_path: /m\ndspark: {}\n---\n"
+
+
 @pytest.mark.parametrize("text,message", MALFORMED, ids=[str(i) for i in range(len(MALFORMED))])
 def test_malformed_documents_exit_2_with_their_error_and_leave_gpustack_unchanged(stack, capsys, text, message):
     _, api, base = stack
     # Each bad document follows a valid one: the file is applied whole or not at all.
-    good = "name: would-be-created\nsource: local_path\nlocal_path: /m\ndspark: {}\n---\n"
-    path = write(base, "bad.yaml", good + text)
+    path = write(base, "bad.yaml", GOOD + text)
     before = snapshot(api)
     rc, out, err = cli(stack, capsys, "apply", "-f", path, "--no-wait")
     assert rc == 2, (out, err)
+    # Lines count in the file: the valid document before takes 5.
+    message = re.sub(r"line (\d+)", lambda m: f"line {int(m.group(1)) + len(GOOD.splitlines())}", message)
     assert message in err, err
     assert "document 2" in err or "not valid YAML" in err
     assert snapshot(api) == before
