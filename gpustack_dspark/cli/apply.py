@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if any(s.action != "unchanged" for s in steps):
             write(api, docs, steps)
             print("applied", flush=True)
-        if any(s.running and s.action == "update" for s in steps):
+        if any(s.running and s.action == "update" and any(c["field"] != "replicas" for c in s.changes)
+               for s in steps):
             print("note: running instances keep their old settings until restarted "
                   "(GPUStack marks them stale; restart from the UI or POST /v2/models/{id}/restart)")
         if not args.no_wait:
