@@ -178,6 +178,13 @@ def test_wait_stops_on_timeout_and_on_error_with_the_instance_message(stack, cap
     rc, _, err = cli(stack, capsys, "apply", "-f", path, "--timeout", "600")
     assert rc == 1
     assert "json-wait: instance " in err and "is in ERROR: dspark-serve exited: --dspark-schema does not compile" in err
+    # RUNNING (what the worker sets once /dspark/ready answers 200): the wait ends, exit 0.
+    instance = api.get(f"/v2/model-instances/{instance['id']}")
+    instance.update(state="running", state_message="")
+    assert api.client.put(f"/v2/model-instances/{instance['id']}", json=instance).status_code == 200
+    rc, out, err = cli(stack, capsys, "apply", "-f", path, "--timeout", "600")
+    assert rc == 0, err
+    assert "unchanged json-wait" in out and "] 1/1 warm  json-wait 1/1 (1 running)" in err
     assert cli(stack, capsys, "delete", "json-wait")[0] == 0
 
 

@@ -225,3 +225,36 @@ def test_status_with_in_flight_and_metrics():
     assert (row["in_flight"], row["acceptance_rate"], row["format_error_rate"]) == (3, 0.81, 0.0)
     assert [i["in_flight"] for i in row["instances"]] == [3, 0]
     assert "81.0%" in status.table([row]) and json.dumps(row)
+
+
+def test_a_failed_write_rolls_back_the_in_place_updates():
+    from gpustack_dspark.cli import apply
+
+    class FakeAPI:
+        def __init__(self):
+            self.calls = []
+            self.row = {"id": 7, "name": "b", "source": "local_path", "local_path": "/m", "backend": "DSpark-custom",
+                        "distributed_inference_across_workers": False, "replicas": 2}
+
+        def model(self, name):
+            return self.row
+
+        def request(self, method, path, json=None):
+            self.calls.append((method, path, json))
+            return self.row
+
+        def import_documents(self, content, dry_run, overwrite=()):
+            raise CLIError("POST /v2/models/import -> 500: boom")
+
+    docs = parse("name: a\nsource: local_path\nlocal_path: /m\n---\nname: b\nsource: local_path\nlocal_path: /m\n")
+    steps = [plan.Step(1, "a", "create"),
+             plan.Step(2, "b", "update", [{"field": "replicas", "current": 2, "desired": 3}], running=True)]
+    api = FakeAPI()
+    with pytest.raises(CLIError) as e:
+        apply.write(api, docs, steps)
+    assert str(e.value) == "POST /v2/models/import -> 500: boom\nnothing was applied (rolled back: b)"
+    puts = [(path, body["replicas"]) for method, path, body in api.calls if method == "PUT"]
+    assert puts == [("/v2/models/7", 3), ("/v2/models/7", 2)]  # applied, then put back
+    body = [body for method, _, body in api.calls if method == "PUT"][0]
+    assert body == {"name": "b", "source": "local_path", "backend": "DSpark-custom",
+                    "distributed_inference_across_workers": False, "local_path": "/m", "replicas": 3}
