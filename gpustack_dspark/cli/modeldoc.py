@@ -329,6 +329,8 @@ class _Checker:
         return raw, paths, device, label
 
     def _grammar(self, value: Any, path: Path, knob) -> None:
+        if value is False:  # YAML 1.1 reads a bare `off` as false
+            value = "off"
         if not isinstance(value, dict):
             knob("grammar_mode", value, path)
             return

@@ -45,9 +45,10 @@ def bar(p: Progress, width: int = 24) -> str:
 
 
 def wait_running(fetch: Callable[[], Dict[str, List[Dict]]], wanted: Dict[str, int], timeout_s: float,
-                 out: TextIO = sys.stderr, interval_s: float = 2.0,
+                 out: Optional[TextIO] = None, interval_s: float = 2.0,
                  pending_hint: Callable[[Dict[str, List[Dict]]], Sequence[str]] = lambda _: ()) -> None:
     """Return once every model has its replicas RUNNING; CLIError on ERROR or timeout."""
+    out = out or sys.stderr  # looked up per call: tests and callers may swap sys.stderr
     deadline = time.monotonic() + timeout_s
     tty = out.isatty()
     last = ""

@@ -52,9 +52,15 @@ def model(api, name):
     return next((m for m in api.items("/v2/models") if m["name"] == name), None)
 
 
+SETTINGS = ("name", "replicas", "backend", "backend_version", "backend_parameters", "env", "worker_selector",
+            "cpu_offloading", "local_path", "restart_on_error", "cluster_id")
+
+
 def snapshot(api):
-    """Everything apply could touch: models (with their update times) and instances."""
-    return (sorted((m["id"], m["name"], m["updated_at"]) for m in api.items("/v2/models")),
+    """Everything apply could write: the models' settings, and the instances. (Not
+    `updated_at`: GPUStack's scheduler writes derived fields onto a new model by itself.)"""
+    return (sorted(tuple([m["id"]] + [json.dumps(m.get(k), sort_keys=True) for k in SETTINGS])
+                   for m in api.items("/v2/models")),
             sorted(i["id"] for i in api.items("/v2/model-instances")))
 
 

@@ -258,3 +258,8 @@ def test_a_failed_write_rolls_back_the_in_place_updates():
     body = [body for method, _, body in api.calls if method == "PUT"][0]
     assert body == {"name": "b", "source": "local_path", "backend": "DSpark-custom",
                     "distributed_inference_across_workers": False, "local_path": "/m", "replicas": 3}
+
+
+def test_grammar_off_survives_yamls_booleans():
+    doc, = parse("name: x\nsource: local_path\nlocal_path: /m\ndspark: {grammar: off}\n")
+    assert "--dspark-grammar-mode=off" in doc.entry["backend_parameters"]
