@@ -27,21 +27,18 @@ from gpustack_dspark.labels import parse_label
 
 DEVICES = {"cuda": backend_ids.CUDA_VERSION, "cpu": backend_ids.CPU_VERSION}
 
-# The `dspark:` section: YAML key -> knob name (None: a key of our own, handled below).
+# The `dspark:` section. Grouped keys: `enabled`, `grammar` (mode + schema), `warmup.*`;
+# every other knob goes by its knob name, so a knob added to knobs.py is accepted here as is.
+_WARMUP = {k.name[len("warmup_"):]: k.name for k in KNOBS if k.name.startswith("warmup_")}
+_GROUPED = {"enable", "grammar_mode", "schema", *_WARMUP.values()}
 _SECTION: Dict[str, Optional[str]] = {
     "enabled": "enable",
-    "method": "method",
-    "speculative_length": "speculative_length",
+    **{k.name: k.name for k in KNOBS if k.name not in _GROUPED},
     "grammar": None,
-    "accept_threshold": "accept_threshold",
-    "draft_model": "draft_model",
-    "precision": "precision",
     "warmup": None,
     "device": None,
     "worker_label": None,
 }
-_WARMUP = {"requests": "warmup_requests", "concurrency": "warmup_concurrency",
-           "file": "warmup_file", "timeout": "warmup_timeout"}
 TP_FLAG = "--tensor-parallel-size"
 
 

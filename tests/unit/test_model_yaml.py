@@ -263,3 +263,10 @@ def test_a_failed_write_rolls_back_the_in_place_updates():
 def test_grammar_off_survives_yamls_booleans():
     doc, = parse("name: x\nsource: local_path\nlocal_path: /m\ndspark: {grammar: off}\n")
     assert "--dspark-grammar-mode=off" in doc.entry["backend_parameters"]
+
+
+def test_every_knob_can_be_written_in_the_dspark_section():
+    from gpustack_dspark.cli import modeldoc
+
+    reachable = {v for v in modeldoc._SECTION.values() if v} | set(modeldoc._WARMUP.values()) | {"grammar_mode", "schema"}
+    assert reachable == set(knobs.KNOBS_BY_NAME)
