@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
 PRECISIONS = ("auto", "bf16", "fp8")
+DRAFTING_MODES = ("auto", "forced+statistical", "forced", "statistical", "off")
 
 ENABLE_FLAG = "--enable-dspark"
 KNOB_FLAG_PREFIX = "--dspark-"
@@ -144,6 +145,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("method", "--dspark-method", "|".join(METHODS),
          "speculative method; auto picks by model family",
          _choice(METHODS), form_default="auto", choices=METHODS),
+    Knob("drafting", "--dspark-drafting", "|".join(DRAFTING_MODES),
+         "the DSpark drafting layer on JSON replicas: grammar-forced tokens, statistical tokens, "
+         "both (auto), or off (vLLM's drafter alone)",
+         _choice(DRAFTING_MODES), choices=DRAFTING_MODES),
     Knob("draft_model", "--dspark-draft-model", "a path to a draft checkpoint",
          "draft model / EAGLE-3 head / DSpark draft (kind read from its config.json)",
          _text("a path to a draft checkpoint")),
@@ -174,6 +179,7 @@ class DSparkKnobs:
     schema: Optional[str] = None
     accept_threshold: Optional[float] = None
     method: str = "auto"
+    drafting: str = "auto"
     draft_model: Optional[str] = None
     precision: str = "auto"
     warmup_requests: int = 8

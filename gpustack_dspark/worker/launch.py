@@ -81,6 +81,20 @@ def _api_key(args) -> Optional[str]:
     return keys[0] if keys else None
 
 
+def _export_drafting_stats(model: str) -> None:
+    """The engine process (spawned later, inheriting the environment) writes the layer's
+    counters to this file; /metrics and /dspark/info read it."""
+    import tempfile
+
+    from prometheus_client import REGISTRY
+
+    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCollector
+
+    path = os.path.join(tempfile.mkdtemp(prefix="dspark-drafting-"), "counters.json")
+    os.environ[STATS_FILE_ENV] = path
+    REGISTRY.register(DraftingCollector(path, model))
+
+
 def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict[str, Any]],
              templates: List[Dict[str, Any]]) -> None:
     check_vllm_version()
@@ -99,6 +113,8 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     state.warmup.concurrency = knobs.warmup_concurrency
     state.warmup.timeout_s = knobs.warmup_timeout
     worker_state.install(state)
+    if (plan.drafting or {}).get("mode", "off") != "off":
+        _export_drafting_stats(state.served_model_name or args.model)
 
     logger.info(plan.startup_line())
     logger.info("DSpark method %s: %s", plan.method or "none", plan.method_reason or "DSpark disabled")
