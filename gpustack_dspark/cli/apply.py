@@ -99,6 +99,10 @@ def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.S
                                  overwrite=[s.name for s in imported if s.action == "update"])
     except CLIError as e:
         undone = _roll_back(api, done)
+        stuck = [step.name for _, step in done if step.name not in undone]
+        if stuck:
+            raise CLIError(f"{e}\nPARTLY APPLIED: could not roll back the in-place update of {', '.join(stuck)}; "
+                           "check them with gpustack-dspark status") from None
         raise CLIError(f"{e}\nnothing was applied" + (f" (rolled back: {', '.join(undone)})" if undone else "")) from None
 
 
