@@ -22,12 +22,14 @@ KNOB_FLAG_PREFIX = "--dspark-"
 
 
 class KnobError(ValueError):
-    """A knob value that is not allowed. str() is the one line users see."""
+    """A knob value that is not allowed. str() is the one line users see; `problem` is the
+    same line without the `where` (for callers that say where in their own words)."""
 
     def __init__(self, where: str, value: Any, allowed: str, detail: str = ""):
-        self.where, self.value, self.allowed = where, value, allowed
+        self.where, self.value, self.allowed, self.detail = where, value, allowed, detail
         tail = f" ({detail})" if detail else ""
-        super().__init__(f"{where}: {value!r} is not allowed{tail}; allowed: {allowed}")
+        self.problem = f"{value!r} is not allowed{tail}; allowed: {allowed}"
+        super().__init__(f"{where}: {self.problem}")
 
 
 def _integer(lo: int, hi: Optional[int]) -> Callable[[str, Any], int]:
