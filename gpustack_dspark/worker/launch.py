@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from gpustack_dspark.knobs import DSparkKnobs
 from gpustack_dspark.translate import LaunchPlan
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
-from gpustack_dspark.worker import state as worker_state
+from gpustack_dspark.worker import metrics as worker_metrics, state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
 from gpustack_dspark.worker.serve import fail
 from gpustack_dspark.worker.warmup import Warmup
@@ -99,6 +99,10 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     state.warmup.concurrency = knobs.warmup_concurrency
     state.warmup.timeout_s = knobs.warmup_timeout
     worker_state.install(state)
+    try:  # metrics are a view: the replica serves without them
+        worker_metrics.install()
+    except Exception as e:
+        logger.warning("DSpark metrics not registered: %s", e)
 
     logger.info(plan.startup_line())
     logger.info("DSpark method %s: %s", plan.method or "none", plan.method_reason or "DSpark disabled")
