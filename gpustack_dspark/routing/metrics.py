@@ -9,10 +9,10 @@ default registry, so registering here is all it takes. Names:
   decision is json / general / json_only / refused / unchanged.
 - `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
   instance), no_other_instance (nothing to retry on) or broken_streams.
-- `dspark_json_responses_checked_total{model, instance_id, result}` counter: JSON replies
+- `dspark_json_responses_checked_total{model_name, model_instance_id, result}` counter: JSON replies
   checked in the proxy (format_check.py); result ok / not_json / schema_mismatch /
   truncated / unchecked.
-- `dspark_json_format_errors_total{model, instance_id, reason}` counter: the not_json and
+- `dspark_json_format_errors_total{model_name, model_instance_id, reason}` counter: the not_json and
   schema_mismatch part of the above, for alerts.
 """
 
@@ -59,9 +59,9 @@ class RoutingCollector:
             retries.add_metric([outcome], count)
         yield retries
         checked = CounterMetricFamily(JSON_CHECKED, "JSON replies checked in the proxy, by result",
-                                      labels=["model", "instance_id", "result"])
+                                      labels=["model_name", "model_instance_id", "result"])
         errors = CounterMetricFamily(JSON_FORMAT_ERRORS, "JSON replies that do not parse or break the requested schema",
-                                     labels=["model", "instance_id", "reason"])
+                                     labels=["model_name", "model_instance_id", "reason"])
         for (model, instance_id, result), count in sorted(self.format_checks().items()):
             checked.add_metric([model, instance_id, result], count)
             if result in FORMAT_ERROR_RESULTS:
