@@ -10,10 +10,10 @@ import sys
 from typing import List, Optional
 
 from gpustack_dspark import __version__
-from gpustack_dspark.cli import label
+from gpustack_dspark.cli import bench, label
 from gpustack_dspark.cli.client import CLIError, connection_options
 
-SUBCOMMANDS = [label]
+SUBCOMMANDS = [label, bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -140,8 +140,11 @@ class StandInReplica:
         async def health(_request):
             return JSONResponse({"ok": True})
 
+        async def models(_request):
+            return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model"}]})
+
         return Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                                 Route("/health", health), Route("/v1/models", health)])
+                                 Route("/health", health), Route("/v1/models", models)])
 
     # ---- lifecycle ----
     def start(self) -> "StandInReplica":
