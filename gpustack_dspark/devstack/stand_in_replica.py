@@ -80,6 +80,7 @@ class StandInReplica:
         self.break_stream_after: Optional[int] = None  # break SSE streams after N chunks
         self.stall_s: float = 0.0  # extra delay before answering
         self.reply_content: Optional[str] = None  # what replies say (default: '{"ok": true}' / "0 1 2 ")
+        self.api_key: Optional[str] = None  # when set, /v1/* without this Bearer key get 401
         self.stats = ReplicaStats()
         self.port = _free_port()
         self._server: Optional[uvicorn.Server] = None
@@ -91,7 +92,15 @@ class StandInReplica:
         load = max(1.0, self.stats.in_flight / self.capacity) if self.capacity else 1.0
         return self.base_s * self.slowdown * scale * load + self.stall_s
 
+    def _denied(self, request: Request) -> Optional[JSONResponse]:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return JSONResponse({"error": {"message": "invalid API key", "code": 401}}, status_code=401)
+        return None
+
     async def _chat(self, request: Request):
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
         body = await request.json()
         self.stats.enter()
         counted = True
@@ -140,7 +149,10 @@ class StandInReplica:
         async def health(_request):
             return JSONResponse({"ok": True})
 
-        async def models(_request):
+        async def models(request):
+            denied = self._denied(request)
+            if denied is not None:
+                return denied
             return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model"}]})
 
         return Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
