@@ -28,7 +28,8 @@ from typing import Dict, List, Sequence, Tuple
 import httpx
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
-from gpustack_dspark.bench.order_json import ORDER_SCHEMA, SAME_VLLM_ARGS, order_bodies
+from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 
 FIXED_SCHEMA = json.loads((Path(__file__).parent / "data" / "glaive_book_flight.schema.json").read_text())
@@ -109,7 +110,7 @@ def main(argv=None) -> None:
     if args.only:
         chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
     workloads = {
-        "order JSON": (order_bodies(args.requests, args.max_tokens, args.temperature), ORDER_SCHEMA),
+        "order JSON": (order_bodies(args.requests, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
         "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
             (fixed_schema_bodies(args.requests, args.max_tokens, args.temperature), FIXED_SCHEMA),
     }

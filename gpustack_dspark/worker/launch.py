@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from gpustack_dspark.knobs import DSparkKnobs
 from gpustack_dspark.translate import LaunchPlan
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
-from gpustack_dspark.worker import state as worker_state
+from gpustack_dspark.worker import metrics as worker_metrics, state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
 from gpustack_dspark.worker.serve import fail
 from gpustack_dspark.worker.warmup import Warmup
@@ -81,18 +81,20 @@ def _api_key(args) -> Optional[str]:
     return keys[0] if keys else None
 
 
-def _export_drafting_stats(model: str) -> None:
+def _export_drafting_stats() -> None:
     """The engine process (spawned later, inheriting the environment) writes the layer's
-    counters to this file; /metrics and /dspark/info read it."""
+    counters to this file; /metrics (through worker/metrics.py) and /dspark/info read it."""
     import tempfile
 
-    from prometheus_client import REGISTRY
+    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, metric_families, read_counters
 
-    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCollector
+    os.environ[STATS_FILE_ENV] = os.path.join(tempfile.mkdtemp(prefix="dspark-drafting-"), "counters.json")
 
-    path = os.path.join(tempfile.mkdtemp(prefix="dspark-drafting-"), "counters.json")
-    os.environ[STATS_FILE_ENV] = path
-    REGISTRY.register(DraftingCollector(path, model))
+    def drafting_families():
+        counters = read_counters()
+        return metric_families(counters, worker_metrics.model_label()) if counters else ()
+
+    worker_metrics.register_collector(drafting_families)
 
 
 def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict[str, Any]],
@@ -114,7 +116,11 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     state.warmup.timeout_s = knobs.warmup_timeout
     worker_state.install(state)
     if (plan.drafting or {}).get("mode", "off") != "off":
-        _export_drafting_stats(state.served_model_name or args.model)
+        _export_drafting_stats()
+    try:  # metrics are a view: the replica serves without them
+        worker_metrics.install()
+    except Exception as e:
+        logger.warning("DSpark metrics not registered: %s", e)
 
     logger.info(plan.startup_line())
     logger.info("DSpark method %s: %s", plan.method or "none", plan.method_reason or "DSpark disabled")

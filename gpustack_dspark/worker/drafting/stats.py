@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Iterable, Optional
 
+from gpustack_dspark.drafting_metrics import METRICS
+
 STATS_FILE_ENV = "DSPARK_DRAFTING_STATS_FILE"
 WRITE_INTERVAL_S = 0.5
 
@@ -91,35 +93,8 @@ def read_counters(path: Optional[str] = None) -> Optional[DraftingCounters]:
     return DraftingCounters(**{k: int(v) for k, v in raw.items() if k in known})
 
 
-# name, help, counter field
-METRICS = (
-    ("dspark_draft_forced_tokens_proposed_total", "Grammar-forced draft tokens proposed", "forced_proposed"),
-    ("dspark_draft_forced_tokens_accepted_total", "Grammar-forced draft tokens accepted", "forced_accepted"),
-    ("dspark_draft_forced_tokens_rejected_total", "Grammar-forced draft tokens that were the first one rejected",
-     "forced_rejected"),
-    ("dspark_draft_statistical_tokens_rejected_total", "Statistical draft tokens that were the first one rejected",
-     "statistical_rejected"),
-    ("dspark_draft_statistical_tokens_proposed_total", "Statistical (n-gram/suffix) draft tokens proposed",
-     "statistical_proposed"),
-    ("dspark_draft_statistical_tokens_accepted_total", "Statistical draft tokens accepted", "statistical_accepted"),
-    ("dspark_draft_base_tokens_proposed_total", "Draft tokens of vLLM's own drafter passed through",
-     "base_proposed"),
-    ("dspark_draft_base_tokens_accepted_total", "Draft tokens of vLLM's own drafter accepted", "base_accepted"),
-    ("dspark_drafts_total", "Drafts built by the DSpark drafting layer", "drafts"),
-    ("dspark_drafts_cut_by_threshold_total", "Drafts cut at a token below --dspark-accept-threshold",
-     "drafts_cut_by_threshold"),
-    ("dspark_draft_grammar_trimmed_tokens_total", "Layer draft tokens removed by vLLM's grammar check",
-     "grammar_trimmed_tokens"),
-    ("dspark_draft_layer_errors_total", "Steps where the drafting layer failed and vLLM's draft was used",
-     "layer_errors"),
-    ("dspark_target_forward_passes_total", "Request-steps of the target model that produced tokens",
-     "target_forward_passes"),
-    ("dspark_output_tokens_total", "Tokens produced by those steps", "output_tokens"),
-)
-
-
 def metric_families(counters: DraftingCounters, model: str) -> Iterable[Any]:
-    """prometheus_client metric families (for a custom collector in vLLM's registry)."""
+    """prometheus_client metric families, added to the replica's /metrics by worker/metrics.py."""
     from prometheus_client.core import CounterMetricFamily
 
     for name, help_text, attr in METRICS:
@@ -127,14 +102,3 @@ def metric_families(counters: DraftingCounters, model: str) -> Iterable[Any]:
         family.add_metric([model], getattr(counters, attr))
         yield family
 
-
-class DraftingCollector:
-    """Registered in vLLM's prometheus registry by the launcher; reads the engine's file."""
-
-    def __init__(self, path: str, model: str) -> None:
-        self.path, self.model = path, model
-
-    def collect(self):
-        counters = read_counters(self.path)
-        if counters is not None:
-            yield from metric_families(counters, self.model)
