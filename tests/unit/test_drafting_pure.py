@@ -30,7 +30,12 @@ class ScriptedGrammar:
         self.position -= n
 
     def find_jump_forward_string(self):
-        return self.forced.get(self.position, "")
+        # Forced spans are given as {start: text}, one token per character (see encode);
+        # like xgrammar, the remaining forced text from the current position.
+        for start, text in self.forced.items():
+            if start <= self.position < start + len(text):
+                return text[self.position - start:]
+        return ""
 
     def is_completed(self):
         return self.position == len(self.document)
@@ -80,8 +85,10 @@ def test_forced_tokens_first_then_statistical_then_forced_again():
     # {"a":<value 1 2>,"b":  -> forced '{"a":' at 0, free value, forced ',"b":' after it.
     doc = encode('{"a":') + [1, 2] + encode(',"b":')
     grammar = ScriptedGrammar(doc, {0: '{"a":', 7: ',"b":'})
-    guesses = iter([(1, 0.9), (2, 0.9)])
-    draft = build_draft(grammar, encode, lambda _: next(guesses), DraftPolicy(length=16, threshold=0.3))
+    def guess(draft):  # knows the value tokens only
+        return (doc[len(draft)], 0.9) if len(draft) in (5, 6) else None
+
+    draft = build_draft(grammar, encode, guess, DraftPolicy(length=16, threshold=0.3))
     assert draft.tokens == doc + [99]  # the stop token once the document is complete
     assert draft.kinds == [FORCED] * 5 + [STATISTICAL] * 2 + [FORCED] * 6
     assert grammar.position == 0, "the grammar is rolled back"
@@ -98,6 +105,22 @@ def test_threshold_cuts_at_cumulative_confidence_and_forced_only_mode():
     assert draft.kinds == [FORCED] * 5 and not draft.cut_by_threshold
     draft = build_draft(grammar, encode, lambda _: (1, 0.99), DraftPolicy(length=3, threshold=0.3))
     assert len(draft.tokens) == 3, "never longer than the speculative length"
+
+
+def test_forced_text_is_spelled_the_way_the_model_spelled_it_before():
+    # The grammar forces "ab"; canonical split: "a", "b"; the history knows the model writes
+    # it as one token 300 ("ab"). The guess is taken because its text is a prefix of the forced text.
+    texts = {300: "ab", 301: "zz"}
+    doc = [300]
+    grammar = ScriptedGrammar(doc, {0: "ab"})
+    draft = build_draft(grammar, encode, lambda _: (300, 0.4), DraftPolicy(length=4, threshold=0.9, statistical=False),
+                        token_text=lambda t: texts.get(t, chr(t) if t < 256 else ""))
+    assert draft.tokens[:1] == [300] and draft.kinds[:1] == [FORCED]
+    # A guess that does not spell the forced text is ignored: the canonical split is used.
+    grammar = ScriptedGrammar(encode("ab"), {0: "ab"})
+    draft = build_draft(grammar, encode, lambda _: (301, 0.9), DraftPolicy(length=2, threshold=0.1, statistical=False),
+                        token_text=lambda t: texts.get(t, ""))
+    assert draft.tokens == encode("ab") and draft.kinds == [FORCED, FORCED]
 
 
 def test_statistical_guess_the_grammar_refuses_ends_the_draft():

@@ -46,28 +46,43 @@ class Draft:
 
 Encode = Callable[[str], Sequence[int]]
 Predict = Callable[[List[int]], Optional[Tuple[int, float]]]
+TokenText = Callable[[int], str]
 
 
-def forced_tokens(grammar: GrammarWalker, encode: Encode) -> Sequence[int]:
-    """The tokens the grammar forces from here: its jump-forward string, tokenized as the
-    model's tokenizer would; once the document is complete, the stop token if it is the only
-    one allowed."""
+def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, token_text: TokenText,
+                      draft: List[int]) -> Optional[int]:
+    """The next token of the text the grammar forces from here, or None.
+
+    The text is certain, its tokenization is not: a model may spell a key in other pieces
+    than the tokenizer's canonical split. So the statistical guess is taken when it spells a
+    prefix of the forced text (it learned how this model writes it), else the first token of
+    the canonical split. Once the document is complete, the stop token if it is the only one
+    allowed.
+    """
     text = grammar.find_jump_forward_string()
-    if text:
-        return encode(text)
-    if grammar.is_completed():
-        stop = grammar.only_allowed_token()
-        return [stop] if stop is not None else []
-    return []
+    if not text:
+        return grammar.only_allowed_token() if grammar.is_completed() else None
+    guess = predict(draft)
+    if guess is not None:
+        piece = token_text(guess[0])
+        if piece and text.startswith(piece):
+            return guess[0]
+    canonical = encode(text)
+    return canonical[0] if canonical else None
 
 
-def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy: DraftPolicy) -> Draft:
+def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy: DraftPolicy,
+                token_text: TokenText = lambda _: "") -> Draft:
     draft = Draft()
     confidence = 1.0
     try:
         while len(draft.tokens) < policy.length and not grammar.is_terminated():
-            if policy.forced and _take_forced(grammar, encode, draft, policy.length):
-                continue
+            if policy.forced:
+                token = next_forced_token(grammar, encode, predict, token_text, draft.tokens)
+                # A tokenization the grammar refuses (rare boundary cases) ends the forced run.
+                if token is not None and grammar.accept_token(token):
+                    draft.add(token, FORCED)
+                    continue
             if not policy.statistical:
                 break
             guess = predict(draft.tokens)
@@ -85,13 +100,3 @@ def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy
         grammar.rollback(len(draft.tokens))
     return draft
 
-
-def _take_forced(grammar: GrammarWalker, encode: Encode, draft: Draft, length: int) -> bool:
-    took = False
-    for token in forced_tokens(grammar, encode):
-        # A tokenization the grammar refuses (rare boundary cases) ends the forced run.
-        if len(draft.tokens) >= length or not grammar.accept_token(token):
-            break
-        draft.add(token, FORCED)
-        took = True
-    return took

@@ -144,6 +144,7 @@ class DraftingLayer:
         self.kinds: Dict[str, List[str]] = {}
         self.seen: Dict[str, bool] = {}
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
+        self._texts: Dict[int, str] = {}
 
     def encode(self, text: str) -> Sequence[int]:
         cached = self._encode_cache.get(text)
@@ -153,6 +154,12 @@ class DraftingLayer:
             if len(self._encode_cache) > ENCODE_CACHE_SIZE:
                 self._encode_cache.popitem(last=False)
         return cached
+
+    def token_text(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
 
     def note_request(self, request_id: str, has_grammar: bool) -> None:
         if request_id in self.seen:
@@ -177,7 +184,7 @@ class DraftingLayer:
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
         walker = XgrammarWalker(matcher, self.vocab_size)
-        draft = draft_builder.build_draft(walker, self.encode, next_token, self.policy)
+        draft = draft_builder.build_draft(walker, self.encode, next_token, self.policy, self.token_text)
         self.counters.drafts += 1
         self.counters.drafts_cut_by_threshold += int(draft.cut_by_threshold)
         # A draft-model base drafts from this very position: its tokens beat n-gram guesses
