@@ -380,6 +380,17 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
             "--additional-config", json.dumps(extra, separators=(",", ":"))]
 
 
+# vLLM 0.32 re-reads the method from a draft path that contains one of these (SpeculativeConfig's
+# auto-detection runs even for method draft_model): "/models/gpustack-dspark/draft" would load
+# as a DSpark draft.
+PATH_METHOD_MARKERS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def path_method_marker(path: str) -> Optional[str]:
+    lowered = path.lower()
+    return next((m for m in PATH_METHOD_MARKERS if m in lowered), None)
+
+
 def _default_length(method: str, draft: Optional[Mapping[str, Any]]) -> int:
     if method == "dspark" and draft:
         block = draft.get("dspark_block_size") or draft.get("block_size")
