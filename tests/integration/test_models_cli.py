@@ -106,6 +106,10 @@ def test_dry_run_prints_the_diff_and_changes_nothing_then_apply_updates_in_place
     _, api, base = stack
     path = write(base, "demo2.yaml", DEMO.replace("speculative_length: 4", "speculative_length: 6")
                  .replace("replicas: 1", "replicas: 2"))
+    # GPUStack's controller creates the instance after the model, asynchronously (slow under
+    # load); only with an instance is the deployment "running" for GPUStack's import.
+    wait_for(lambda: [i for i in api.items("/v2/model-instances") if i["model_name"] == "json-demo"], 120,
+             "json-demo's instance")
     before = snapshot(api)
     rc, out, err = cli(stack, capsys, "apply", "-f", path, "--dry-run")
     assert rc == 0, err
