@@ -60,6 +60,10 @@ class LaunchPlan:
     warnings: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()
 
+    @property
+    def drafting_layer_on(self) -> bool:
+        return self.drafting.get("mode", "off") != "off"
+
     def startup_line(self) -> str:
         if not self.enabled:
             return "DSpark disabled: plain vLLM (no speculative decoding or JSON default injected)"

@@ -115,7 +115,7 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     state.warmup.concurrency = knobs.warmup_concurrency
     state.warmup.timeout_s = knobs.warmup_timeout
     worker_state.install(state)
-    if (plan.drafting or {}).get("mode", "off") != "off":
+    if plan.drafting_layer_on:
         _export_drafting_stats()
     try:  # metrics are a view: the replica serves without them
         worker_metrics.install()

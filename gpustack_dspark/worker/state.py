@@ -67,8 +67,8 @@ class WorkerState:
     def drafting_info(self) -> Dict[str, Any]:
         from gpustack_dspark.worker.drafting.stats import read_counters
 
-        out: Dict[str, Any] = dict(self.plan.drafting or {"mode": "off"})
-        counters = read_counters() if out.get("mode", "off") != "off" else None
+        out: Dict[str, Any] = {"mode": "off", **self.plan.drafting}
+        counters = read_counters() if self.plan.drafting_layer_on else None
         out["counters"] = counters.summary() if counters else None
         return out
 
