@@ -19,9 +19,8 @@ from gpustack_dspark.devstack.processes import venv_bin
 from gpustack_dspark.devstack.replica import DRAFT_MODEL, SERVED_NAME, start_replica
 from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
 from gpustack_dspark.devstack.stand_in_replica import BROKEN_JSON, StandInReplica
-from gpustack_dspark.devstack.worker import join_cpu_worker
 from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import _listening
+from tests.integration.test_routing import join_listening_cpu_worker
 
 pytestmark = pytest.mark.integration
 
@@ -80,11 +79,7 @@ def stack(start_server, tmp_path_factory):
     api = admin_api(server)
     keeper = worker = None
     try:
-        wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-                 60, "the backend registration")
-        worker = join_cpu_worker(api, server.url, "observe-w1", base / "w1")
-        row = api.get(f"/v2/workers/{worker.id}")
-        wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+        worker, row = join_listening_cpu_worker(server, api, "observe-w1", base / "w1")
         replica.wait_ready(420)
         models = [create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
                                         row["cluster_id"], row, [replica.port], base / "model"),
