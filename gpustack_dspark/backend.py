@@ -21,15 +21,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gpustack_dspark import knobs
 from gpustack_dspark.settings import PluginSettings
-from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
+from gpustack_dspark.backend_ids import BACKEND_NAME, CPU_VERSION, CUDA_VERSION, HEALTH_CHECK_PATH
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "DSpark-custom"
-CUDA_VERSION = f"{SUPPORTED_VLLM_VERSION}-cuda-custom"
-CPU_VERSION = f"{SUPPORTED_VLLM_VERSION}-cpu-custom"
-# Served by the DSpark worker (dspark-serve): 503 until vLLM is healthy and warmup is done.
-HEALTH_CHECK_PATH = "/dspark/ready"
+__all__ = ["BACKEND_NAME", "CPU_VERSION", "CUDA_VERSION", "HEALTH_CHECK_PATH", "desired_backend",
+           "merge_backend", "register_backend", "RegistrationResult"]
 ENTRYPOINT = "dspark-serve"
 
 _COMMON_ARGS = "{{model_path}} --host {{worker_ip}} --port {{port}} --served-model-name {{model_name}}"

@@ -15,18 +15,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
 PRECISIONS = ("auto", "bf16", "fp8")
+DRAFTING_MODES = ("auto", "forced+statistical", "forced", "statistical", "off")
 
 ENABLE_FLAG = "--enable-dspark"
 KNOB_FLAG_PREFIX = "--dspark-"
 
 
 class KnobError(ValueError):
-    """A knob value that is not allowed. str() is the one line users see."""
+    """A knob value that is not allowed. str() is the one line users see; `problem` is the
+    same line without the `where` (for callers that say where in their own words)."""
 
     def __init__(self, where: str, value: Any, allowed: str, detail: str = ""):
-        self.where, self.value, self.allowed = where, value, allowed
+        self.where, self.value, self.allowed, self.detail = where, value, allowed, detail
         tail = f" ({detail})" if detail else ""
-        super().__init__(f"{where}: {value!r} is not allowed{tail}; allowed: {allowed}")
+        self.problem = f"{value!r} is not allowed{tail}; allowed: {allowed}"
+        super().__init__(f"{where}: {self.problem}")
 
 
 def _integer(lo: int, hi: Optional[int]) -> Callable[[str, Any], int]:
@@ -142,6 +145,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("method", "--dspark-method", "|".join(METHODS),
          "speculative method; auto picks by model family",
          _choice(METHODS), form_default="auto", choices=METHODS),
+    Knob("drafting", "--dspark-drafting", "|".join(DRAFTING_MODES),
+         "the DSpark drafting layer on JSON replicas: grammar-forced tokens, statistical tokens, "
+         "both (auto), or off (vLLM's drafter alone)",
+         _choice(DRAFTING_MODES), choices=DRAFTING_MODES),
     Knob("draft_model", "--dspark-draft-model", "a path to a draft checkpoint",
          "draft model / EAGLE-3 head / DSpark draft (kind read from its config.json)",
          _text("a path to a draft checkpoint")),
@@ -172,6 +179,7 @@ class DSparkKnobs:
     schema: Optional[str] = None
     accept_threshold: Optional[float] = None
     method: str = "auto"
+    drafting: str = "auto"
     draft_model: Optional[str] = None
     precision: str = "auto"
     warmup_requests: int = 8

@@ -14,6 +14,7 @@ from gpustack.extension import Plugin
 
 from gpustack_dspark import __version__, backend
 from gpustack_dspark.observe.features import FeatureRegistry
+from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
 from gpustack_dspark.observe.status import build_status_router
 from gpustack_dspark.placement import gpustack_patches
 from gpustack_dspark.routing.feature import RoutingFeature
@@ -37,9 +38,10 @@ FEATURE_VLLM_FIT = "vllm_resource_fit"
 FEATURE_PLACEMENT = "placement_policy"
 FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
 FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
+FEATURE_METRICS_COLLECTION = "metrics_collection"  # GPUStack's workers scrape DSpark replicas
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
-                     FEATURE_GATEWAY_ROUTES)
+                     FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -101,6 +103,7 @@ class DSparkPlugin(Plugin):
         self._apply_vllm_fit()
         self._apply_placement_policy()
         self._apply_routing(app)
+        self._apply_metrics_collection(app)
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -140,6 +143,15 @@ class DSparkPlugin(Plugin):
             return
         self.features.enable(FEATURE_GATEWAY_ROUTES)
         self._tasks.append(self.routing.gateway_task)
+    def _apply_metrics_collection(self, app) -> None:
+        try:
+            app.add_middleware(MetricsConfigMiddleware, backend_name=backend.BACKEND_NAME)
+        except Exception as e:
+            logger.exception("GPUStack's workers will not scrape DSpark replicas")
+            self.features.disable(FEATURE_METRICS_COLLECTION, f"{type(e).__name__}: {e}")
+            return
+        self.features.enable(FEATURE_METRICS_COLLECTION, runtime=backend.BACKEND_NAME)
+
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.
         try:

@@ -12,6 +12,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from gpustack_dspark.knobs import DSparkKnobs, KnobError
 
 MIDDLEWARE = "gpustack_dspark.worker.middleware.DSparkMiddleware"
+DRAFTING_SCHEDULER = "gpustack_dspark.worker.drafting.scheduler.DSparkDraftingScheduler"
+DRAFTING_CONFIG_KEY = "dspark_drafting"
+# Base drafters whose drafts pass vLLM's scheduler (V1 runner, synchronous scheduling), where
+# the drafting layer can put grammar-forced tokens first.
+LAYER_METHODS = ("ngram", "suffix", "draft_model")
+# Forced runs (`","amount":`) are several tokens long: drafts pay off beyond n-gram's 4.
+LAYER_LENGTH = 8
+LAYER_THRESHOLD = 0.3
 
 # DeepSeek-V4.1's published DSpark recipe; 5 is the block size its draft stages were trained on.
 DSPARK_RECIPE: Dict[str, Any] = {
@@ -48,14 +56,20 @@ class LaunchPlan:
     speculative_config: Optional[Dict[str, Any]] = None
     grammar_mode: str = "off"
     threshold: Dict[str, Any] = field(default_factory=dict)
+    drafting: Dict[str, Any] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()
+
+    @property
+    def drafting_layer_on(self) -> bool:
+        return self.drafting.get("mode", "off") != "off"
 
     def startup_line(self) -> str:
         if not self.enabled:
             return "DSpark disabled: plain vLLM (no speculative decoding or JSON default injected)"
         parts = [f"method={self.method}", f"speculative_length={self.speculative_length}",
-                 f"grammar_mode={self.grammar_mode}"]
+                 f"grammar_mode={self.grammar_mode}",
+                 f"drafting={self.drafting.get('mode', 'off')}"]
         threshold = self.threshold
         if threshold.get("value") is not None:
             parts.append(f"accept_threshold={threshold['value']}")
@@ -104,6 +118,19 @@ def _flag_value(argv: Sequence[str], flag: str) -> Optional[str]:
         if name == flag:
             value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
     return value
+
+
+def _without_flag(argv: Sequence[str], flag: str) -> List[str]:
+    out: List[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == flag:
+            skip = True
+        elif not token.startswith(flag + "="):
+            out.append(token)
+    return out
 
 
 def _has_flag(argv: Sequence[str], flag: str) -> bool:
@@ -204,8 +231,17 @@ def speculative_config(method: str, length: int, knobs: DSparkKnobs) -> Dict[str
     return spec
 
 
-def threshold_semantics(method: str, value: Optional[float]) -> Dict[str, Any]:
+def threshold_semantics(method: str, value: Optional[float], layer_mode: Optional[str] = None) -> Dict[str, Any]:
     """What --dspark-accept-threshold really does for this method (never silently ignored)."""
+    if layer_mode:
+        used = value if value is not None else LAYER_THRESHOLD
+        mechanism = ("DSpark drafting layer: grammar-forced tokens have confidence 1, statistical tokens "
+                     "their n-gram/suffix frequency estimate multiplied along the draft; the draft is cut at "
+                     "the first token below the threshold")
+        if method == "draft_model":
+            mechanism += " (draft-model tokens are not cut: vLLM does not pass their probabilities to the scheduler)"
+        return {"value": used, "applied": True, "mechanism": mechanism,
+                **({} if value is not None else {"default": True})}
     if method == "suffix":
         mechanism = ("suffix decoding's minimum token probability (suffix_decoding_min_token_prob): "
                      "only tokens whose suffix-tree frequency estimate is >= the threshold are drafted")
@@ -264,11 +300,15 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
                         "leave it out: --enable-dspark writes the speculative config from the --dspark-* knobs",
                         "it cannot be combined with --enable-dspark")
     method, why = choose_method(knobs, config, draft, env)
-    length = knobs.speculative_length or _default_length(method, draft)
-    spec = speculative_config(method, length, knobs)
-    argv = list(base[:-2]) + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     warnings: List[str] = []
     notes: List[str] = []
+    layer_mode, layer_reason = drafting_mode(knobs, method, passthrough)
+    if layer_mode is None and knobs.drafting == "auto":
+        notes.append(f"drafting layer off: {layer_reason}")
+    default_length = LAYER_LENGTH if layer_mode and method != "draft_model" else _default_length(method, draft)
+    length = knobs.speculative_length or default_length
+    spec = speculative_config(method, length, knobs)
+    argv = list(base[:-2]) + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
     if knobs.grammar_mode == "json":
         given = _flag_value(passthrough, "--structured-outputs-config")
@@ -284,19 +324,75 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
             notes.append("thinking turned off server-wide (JSON grammar applies only after thinking)")
 
     argv += precision_args(knobs.precision, config, passthrough)
+    threshold = threshold_semantics(method, knobs.accept_threshold, layer_mode)
+    if layer_mode:
+        # The user's own --additional-config is merged into ours (one flag, vLLM keeps one).
+        argv = _without_flag(argv, "--additional-config") + drafting_args(layer_mode, threshold["value"], length, passthrough)
     if not _has_flag(passthrough, "--per-request-spec-decode-metrics"):
         argv += ["--per-request-spec-decode-metrics", "summary"]
     argv += ["--middleware", MIDDLEWARE]
 
-    threshold = threshold_semantics(method, knobs.accept_threshold)
     if knobs.accept_threshold is not None and not threshold["applied"]:
         warnings.append(f"--dspark-accept-threshold={knobs.accept_threshold} is accepted but "
                         f"{threshold['mechanism']}")
     return LaunchPlan(
         vllm_argv=argv, enabled=True, method=method, method_reason=why, speculative_length=length,
         speculative_config=spec, grammar_mode=knobs.grammar_mode, threshold=threshold,
+        drafting={"mode": layer_mode or "off", "reason": layer_reason},
         warnings=tuple(warnings), notes=tuple(notes),
     )
+
+
+def drafting_mode(knobs: DSparkKnobs, method: str, passthrough: Sequence[str]) -> Tuple[Optional[str], str]:
+    """(layer mode or None, why). An explicitly requested mode that cannot work is an error."""
+    requested = knobs.drafting
+    flag = "--dspark-drafting"
+    if requested == "off":
+        return None, "turned off (--dspark-drafting=off)"
+    problem = None
+    if knobs.grammar_mode != "json":
+        problem = "grammar-forced drafting needs --dspark-grammar-mode=json"
+    elif method not in LAYER_METHODS:
+        problem = (f"{method} drafts inside vLLM's GPU model runner with asynchronous scheduling, so its "
+                   "drafts never pass the scheduler where the grammar lives")
+    else:
+        for own in ("--scheduler-cls", "--async-scheduling"):
+            if _has_flag(passthrough, own):
+                problem = f"the arguments set {own}, which the drafting layer replaces"
+    if problem:
+        if requested != "auto":
+            raise KnobError(flag, requested, "auto|off", problem)
+        return None, problem
+    mode = "forced+statistical" if requested == "auto" else requested
+    return mode, f"grammar json with vLLM's {method} drafter as the base"
+
+
+def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str]) -> List[str]:
+    """The vLLM arguments that load the layer: our scheduler class, synchronous scheduling (the
+    only path where drafts pass the scheduler), and the layer's settings in additional_config."""
+    given = _flag_value(passthrough, "--additional-config")
+    extra: Dict[str, Any] = {}
+    if given is not None:
+        try:
+            extra = json.loads(given)
+        except json.JSONDecodeError as e:
+            raise KnobError("--additional-config", given, "a JSON object", f"not valid JSON: {e.msg}") from None
+        if not isinstance(extra, dict):
+            raise KnobError("--additional-config", given, "a JSON object")
+    extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length}
+    return ["--scheduler-cls", DRAFTING_SCHEDULER, "--no-async-scheduling",
+            "--additional-config", json.dumps(extra, separators=(",", ":"))]
+
+
+# vLLM 0.32 re-reads the method from a draft path that contains one of these (SpeculativeConfig's
+# auto-detection runs even for method draft_model): "/models/gpustack-dspark/draft" would load
+# as a DSpark draft.
+PATH_METHOD_MARKERS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def path_method_marker(path: str) -> Optional[str]:
+    lowered = path.lower()
+    return next((m for m in PATH_METHOD_MARKERS if m in lowered), None)
 
 
 def _default_length(method: str, draft: Optional[Mapping[str, Any]]) -> int:

@@ -18,6 +18,7 @@ class Result:
     output_tokens: int = 0
     content: str = ""
     error: str = ""
+    ttft_s: Optional[float] = None  # streamed requests: time to the first content
 
 
 @dataclass
@@ -99,11 +100,16 @@ def json_check(validate: Optional[Callable[[Any], None]] = None) -> Callable[[st
     return check
 
 
-def spec_counters(metrics_text: str) -> Dict[str, float]:
-    """vLLM's speculative-decoding counters summed over label sets."""
+def spec_counters(metrics_text: str, model: Optional[str] = None) -> Dict[str, float]:
+    """vLLM's speculative-decoding counters summed over label sets; with `model`, only the
+    series labelled model_name=<model> (a GPUStack worker's /metrics/raw holds every
+    model on the worker)."""
     totals: Dict[str, float] = {}
+    wanted = f'model_name="{model}"' if model else None
     for line in metrics_text.splitlines():
         if not line.startswith("vllm:spec_decode_num_") or "_total" not in line:
+            continue
+        if wanted and "model_name=" in line and wanted not in line:
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0].removeprefix("vllm:spec_decode_")
         if name.endswith("_per_pos_total"):

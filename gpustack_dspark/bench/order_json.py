@@ -21,29 +21,10 @@ from typing import Dict, List
 import httpx
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
 from gpustack_dspark.devstack.replica import DRAFT_MODEL, SERVED_NAME, start_replica
 
-ORDER_SCHEMA = {
-    "type": "object",
-    "properties": {"user_id": {"type": "integer"}, "action": {"type": "string"},
-                   "amount": {"type": "number"}, "timestamp": {"type": "string"}},
-    "required": ["user_id", "action", "amount", "timestamp"],
-    "additionalProperties": False,
-}
-ACTIONS = ("buy", "sell", "refund", "cancel")
 SAME_VLLM_ARGS = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
-
-
-def order_bodies(count: int, max_tokens: int, temperature: float) -> List[Dict]:
-    bodies = []
-    for i in range(count):
-        prompt = (f"Create an order record for user {1000 + i}: {ACTIONS[i % len(ACTIONS)]} {10 + i * 1.5:.2f}. "
-                  f"Schema: {json.dumps(ORDER_SCHEMA, separators=(',', ':'))}")
-        bodies.append({"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": temperature, "seed": i,
-                       "response_format": {"type": "json_schema",
-                                           "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}})
-    return bodies
 
 
 def validator():
@@ -73,7 +54,7 @@ def main() -> None:
                         help="DSpark knobs of the 'on' replica (default: draft model; on CPU dspark/mtp do not run)")
     args = parser.parse_args()
 
-    bodies = order_bodies(args.requests, args.max_tokens, args.temperature)
+    bodies = order_bodies(args.requests, args.max_tokens, args.temperature, SERVED_NAME)
     logs = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
     settings = {"on": args.on_args.split() + SAME_VLLM_ARGS + ["--dspark-warmup-requests", "4"],
                 "off": SAME_VLLM_ARGS + ["--dspark-warmup-requests", "4"]}

@@ -3,6 +3,7 @@
 A subcommand module exposes `register(subparsers, common)`: it adds its parser (with
 `parents=[common]` when it talks to a server) and sets `run=function(args) -> int`.
 To add one, write the module and append it to SUBCOMMANDS.
+Exit status: 0 ok, 1 failed operation, 2 bad input (argparse's own errors included).
 """
 
 import argparse
@@ -10,10 +11,10 @@ import sys
 from typing import List, Optional
 
 from gpustack_dspark import __version__
-from gpustack_dspark.cli import label
+from gpustack_dspark.cli import apply, bench, delete, export, label, status
 from gpustack_dspark.cli.client import CLIError, connection_options
 
-SUBCOMMANDS = [label]
+SUBCOMMANDS = [label, apply, export, delete, status, bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.run(args)
     except CLIError as e:
         print(f"gpustack-dspark {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)  # 2: bad input (cli/errors.py), 1: failed operation
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ count their own in-flight requests (peak and time-averaged), and can refuse, sta
 break a stream on demand. Routing tests and the routing benchmark point GPUStack model
 instances at them, so requests really flow server -> worker -> replica.
 
+`reply_content` sets what every reply says (non-streamed: the message content; streamed:
+split over the chunks) — e.g. `BROKEN_JSON`, so a test can check that the proxy's format
+check counts a JSON replica that answers invalid JSON.
+
 Latency model: `base_s * slowdown`, stretched by `max(1, in_flight / capacity)` when a
 capacity is set — a replica's time grows with its own load, as a batching engine's does.
 """
@@ -22,6 +26,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+
+
+BROKEN_JSON = '{"user_id": 7, "action": "buy", "amount": '  # cut off: not JSON
 
 
 @dataclass
@@ -72,6 +79,8 @@ class StandInReplica:
         self.chunks = chunks
         self.break_stream_after: Optional[int] = None  # break SSE streams after N chunks
         self.stall_s: float = 0.0  # extra delay before answering
+        self.reply_content: Optional[str] = None  # what replies say (default: '{"ok": true}' / "0 1 2 ")
+        self.api_key: Optional[str] = None  # when set, /v1/* without this Bearer key get 401
         self.stats = ReplicaStats()
         self.port = _free_port()
         self._server: Optional[uvicorn.Server] = None
@@ -83,7 +92,15 @@ class StandInReplica:
         load = max(1.0, self.stats.in_flight / self.capacity) if self.capacity else 1.0
         return self.base_s * self.slowdown * scale * load + self.stall_s
 
+    def _denied(self, request: Request) -> Optional[JSONResponse]:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return JSONResponse({"error": {"message": "invalid API key", "code": 401}}, status_code=401)
+        return None
+
     async def _chat(self, request: Request):
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
         body = await request.json()
         self.stats.enter()
         counted = True
@@ -106,12 +123,15 @@ class StandInReplica:
     async def _stream(self, model: str, body: dict):
         try:
             per_chunk = self._delay(body) / max(1, self.chunks)
+            pieces = _split(self.reply_content, self.chunks) if self.reply_content is not None else None
             for index in range(self.chunks):
                 if self.break_stream_after is not None and index >= self.break_stream_after:
                     raise ConnectionAbortedError(f"stand-in replica {self.name} broke the stream")
                 await asyncio.sleep(per_chunk)
+                last = index == self.chunks - 1
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
-                         "choices": [{"index": 0, "delta": {"content": f"{index} "}, "finish_reason": None}]}
+                         "choices": [{"index": 0, "delta": {"content": pieces[index] if pieces else f"{index} "},
+                                      "finish_reason": "stop" if last and pieces else None}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
             self.stats.served += 1
             yield "data: [DONE]\n\n"
@@ -122,15 +142,21 @@ class StandInReplica:
         return {"id": "x", "object": "chat.completion", "created": int(time.time()), "model": model,
                 "replica": self.name,
                 "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "{\"ok\": true}"}}],
+                             "message": {"role": "assistant", "content": self.reply_content or "{\"ok\": true}"}}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
     def _app(self) -> Starlette:
         async def health(_request):
             return JSONResponse({"ok": True})
 
+        async def models(request):
+            denied = self._denied(request)
+            if denied is not None:
+                return denied
+            return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model"}]})
+
         return Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                                 Route("/health", health), Route("/v1/models", health)])
+                                 Route("/health", health), Route("/v1/models", models)])
 
     # ---- lifecycle ----
     def start(self) -> "StandInReplica":
@@ -153,6 +179,11 @@ class StandInReplica:
             self._server.force_exit = True
             self._thread.join(timeout=10)
             self._server = None
+
+
+def _split(text: str, parts: int) -> List[str]:
+    size = max(1, -(-len(text) // max(1, parts)))
+    return [text[i * size:(i + 1) * size] for i in range(max(1, parts))]
 
 
 def _free_port() -> int:

@@ -19,6 +19,8 @@ class RequestSlot:
     candidates: List[Any] = field(default_factory=list)  # instances offered at the last choice
     tried: Set[int] = field(default_factory=set)
     retried: bool = False
+    model: Optional[str] = None  # the request's model name (format-check metrics)
+    schema: Any = None  # the JSON schema the request asked for, if any
 
 
 _current: ContextVar[Optional[RequestSlot]] = ContextVar("dspark_routing_slot", default=None)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from gpustack_dspark.routing import gateway_sync, metrics
+from gpustack_dspark.routing.format_middleware import FormatCheckMiddleware, FormatStats
 from gpustack_dspark.routing.gpustack_patches import RoutingStats, apply_routing_hooks, release_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.middleware import InFlightMiddleware
@@ -44,6 +45,7 @@ class RoutingFeature:
     def __init__(self) -> None:
         self.tracker = InFlightTracker()
         self.stats = RoutingStats()
+        self.format_stats = FormatStats()
         self.policy: Optional[RoutingPolicy] = None
         self.policy_source = "built-in defaults"
         self.hooks: List[str] = []
@@ -61,9 +63,12 @@ class RoutingFeature:
         if not result.applied:
             raise RuntimeError(result.reason)
         self.hooks = result.hooks
+        # Added first = inner: the format check runs inside the slot the in-flight middleware opens.
+        app.add_middleware(FormatCheckMiddleware, stats=self.format_stats)
         app.add_middleware(InFlightMiddleware, release=lambda slot: release_slot(self.tracker, slot))
         try:
-            metrics.register(self.tracker, lambda: dict(self.stats.decisions), lambda: dict(self.stats.retries))
+            metrics.register(self.tracker, lambda: dict(self.stats.decisions), lambda: dict(self.stats.retries),
+                             self.format_stats.snapshot)
         except Exception as e:  # metrics are a view; routing works without them
             logger.warning("DSpark routing metrics not registered: %s", e)
 
@@ -99,7 +104,9 @@ class RoutingFeature:
             "decisions": dict(self.stats.decisions),
             "retries": dict(self.stats.retries),
             "gateway": dict(self.gateway_last),
-            "metrics": [metrics.IN_FLIGHT, metrics.DECISIONS + "_total", metrics.RETRIES + "_total"],
+            "json_format_checks": self.format_stats.totals(),
+            "metrics": [metrics.IN_FLIGHT, metrics.DECISIONS + "_total", metrics.RETRIES + "_total",
+                        metrics.JSON_CHECKED + "_total", metrics.JSON_FORMAT_ERRORS + "_total"],
         }
 
 

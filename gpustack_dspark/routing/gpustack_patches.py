@@ -28,7 +28,7 @@ from gpustack_dspark import backend
 from gpustack_dspark.routing import retry, stream_end, targets
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
-from gpustack_dspark.routing.intent import has_json_intent
+from gpustack_dspark.routing.intent import has_json_intent, requested_schema
 from gpustack_dspark.routing.policy import RoutingPolicy
 from gpustack_dspark.versions import check_gpustack
 
@@ -174,9 +174,11 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
         parsed = await original_parse(request)
         slot = current_slot()
         if slot is not None:
-            _model_name, stream, body_json, _form = parsed
+            model_name, stream, body_json, _form = parsed
             slot.json_intent = has_json_intent(body_json)
             slot.stream = bool(stream)
+            slot.model = model_name if isinstance(model_name, str) else None
+            slot.schema = requested_schema(body_json) if slot.json_intent else None
         return parsed
 
     class JsonAwareModelRouteService(route_service):

@@ -29,3 +29,36 @@ def _asks_json(body: Mapping[str, Any]) -> bool:
     ):
         return True
     return body.get("guided_json") is not None
+
+
+def requested_schema(body: Optional[Mapping[str, Any]]) -> Optional[Any]:
+    """The JSON schema a request asks its reply to follow, if any (json_object asks for
+    none): `response_format.json_schema.schema`, `structured_outputs.json`, `guided_json`
+    (a dict, or a JSON string as some clients send it)."""
+    if not isinstance(body, Mapping):
+        return None
+    for source in (body, body.get("extra_body")):
+        if not isinstance(source, Mapping):
+            continue
+        response_format = source.get("response_format")
+        if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+            spec = response_format.get("json_schema")
+            if isinstance(spec, Mapping) and spec.get("schema") is not None:
+                return _as_schema(spec.get("schema"))
+        structured = source.get("structured_outputs")
+        if isinstance(structured, Mapping) and structured.get("json") not in (None, False, True):
+            return _as_schema(structured.get("json"))
+        if source.get("guided_json") is not None:
+            return _as_schema(source.get("guided_json"))
+    return None
+
+
+def _as_schema(value: Any) -> Optional[Any]:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, (Mapping, bool)) else None

@@ -8,11 +8,16 @@ default registry, so registering here is all it takes. Names:
 - `dspark_routing_decisions_total{decision}` counter: JSON-aware target choices;
   decision is json / general / json_only / refused / unchanged.
 - `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
-  instance) or no_other_instance (nothing to retry on).
+  instance), no_other_instance (nothing to retry on) or broken_streams.
+- `dspark_json_responses_checked_total{model_name, model_instance_id, result}` counter: JSON replies
+  checked in the proxy (format_check.py); result ok / not_json / schema_mismatch /
+  truncated / unchecked.
+- `dspark_json_format_errors_total{model_name, model_instance_id, reason}` counter: the not_json and
+  schema_mismatch part of the above, for alerts.
 """
 
 import logging
-from typing import Callable, Dict, Iterator
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from gpustack_dspark.routing.inflight import InFlightTracker
 
@@ -21,16 +26,21 @@ logger = logging.getLogger(__name__)
 IN_FLIGHT = "dspark_routing_in_flight_requests"
 DECISIONS = "dspark_routing_decisions"
 RETRIES = "dspark_routing_retries"
+JSON_CHECKED = "dspark_json_responses_checked"
+JSON_FORMAT_ERRORS = "dspark_json_format_errors"
+FORMAT_ERROR_RESULTS = ("not_json", "schema_mismatch")
 
 _registered = None  # one collector per process; a second plugin instance swaps its sources in
 
 
 class RoutingCollector:
     def __init__(self, tracker: InFlightTracker, decisions: Callable[[], Dict[str, int]],
-                 retries: Callable[[], Dict[str, int]]):
+                 retries: Callable[[], Dict[str, int]],
+                 format_checks: Optional[Callable[[], Dict[Tuple[str, str, str], int]]] = None):
         self.tracker = tracker
         self.decisions = decisions
         self.retries = retries
+        self.format_checks = format_checks or dict
 
     def collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -48,16 +58,27 @@ class RoutingCollector:
         for outcome, count in sorted(self.retries().items()):
             retries.add_metric([outcome], count)
         yield retries
+        checked = CounterMetricFamily(JSON_CHECKED, "JSON replies checked in the proxy, by result",
+                                      labels=["model_name", "model_instance_id", "result"])
+        errors = CounterMetricFamily(JSON_FORMAT_ERRORS, "JSON replies that do not parse or break the requested schema",
+                                     labels=["model_name", "model_instance_id", "reason"])
+        for (model, instance_id, result), count in sorted(self.format_checks().items()):
+            checked.add_metric([model, instance_id, result], count)
+            if result in FORMAT_ERROR_RESULTS:
+                errors.add_metric([model, instance_id, result], count)
+        yield checked
+        yield errors
 
 
-def register(tracker: InFlightTracker, decisions, retries) -> RoutingCollector:
+def register(tracker: InFlightTracker, decisions, retries, format_checks=None) -> RoutingCollector:
     global _registered
     if _registered is not None:
         _registered.tracker, _registered.decisions, _registered.retries = tracker, decisions, retries
+        _registered.format_checks = format_checks or dict
         return _registered
     from prometheus_client import REGISTRY
 
-    collector = RoutingCollector(tracker, decisions, retries)
+    collector = RoutingCollector(tracker, decisions, retries, format_checks)
     REGISTRY.register(collector)
     _registered = collector
     return collector

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from gpustack_dspark.knobs import DSparkKnobs
 from gpustack_dspark.translate import LaunchPlan
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
-from gpustack_dspark.worker import state as worker_state
+from gpustack_dspark.worker import metrics as worker_metrics, state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
 from gpustack_dspark.worker.serve import fail
 from gpustack_dspark.worker.warmup import Warmup
@@ -81,6 +81,22 @@ def _api_key(args) -> Optional[str]:
     return keys[0] if keys else None
 
 
+def _export_drafting_stats() -> None:
+    """The engine process (spawned later, inheriting the environment) writes the layer's
+    counters to this file; /metrics (through worker/metrics.py) and /dspark/info read it."""
+    import tempfile
+
+    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, metric_families, read_counters
+
+    os.environ[STATS_FILE_ENV] = os.path.join(tempfile.mkdtemp(prefix="dspark-drafting-"), "counters.json")
+
+    def drafting_families():
+        counters = read_counters()
+        return metric_families(counters, worker_metrics.model_label()) if counters else ()
+
+    worker_metrics.register_collector(drafting_families)
+
+
 def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict[str, Any]],
              templates: List[Dict[str, Any]]) -> None:
     check_vllm_version()
@@ -99,6 +115,12 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     state.warmup.concurrency = knobs.warmup_concurrency
     state.warmup.timeout_s = knobs.warmup_timeout
     worker_state.install(state)
+    if plan.drafting_layer_on:
+        _export_drafting_stats()
+    try:  # metrics are a view: the replica serves without them
+        worker_metrics.install()
+    except Exception as e:
+        logger.warning("DSpark metrics not registered: %s", e)
 
     logger.info(plan.startup_line())
     logger.info("DSpark method %s: %s", plan.method or "none", plan.method_reason or "DSpark disabled")

@@ -11,11 +11,12 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
-from gpustack_dspark.translate import Environment, LaunchPlan, plan_launch
+from gpustack_dspark.translate import Environment, LaunchPlan, path_method_marker, plan_launch
 
 PROG = "dspark-serve"
 LAUNCHER_FLAGS = ("--print-vllm-args", "--config")
@@ -109,11 +110,27 @@ def prepare(argv: Sequence[str]) -> Tuple[bool, DSparkKnobs, LaunchPlan, Optiona
         schema_check.use_model_tokenizer(model, (model_config or {}).get("vocab_size"))
     default_schema = schema_check.load_schema_knob(knobs.schema) if knobs.schema and knobs.enable else None
     templates = warmup.load_warmup_file(knobs.warmup_file) if knobs.warmup_file else []
-    plan = plan_launch(model, knobs, passthrough,
-                       config=model_config,
-                       draft=read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None,
-                       env=probe_environment())
+    draft_config = read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None
+    env = probe_environment()
+    plan = plan_launch(model, knobs, passthrough, config=model_config, draft=draft_config, env=env)
+    marker = path_method_marker(knobs.draft_model) if plan.method == "draft_model" else None
+    if marker:
+        alias = _neutral_alias(knobs.draft_model)
+        plan = plan_launch(model, replace(knobs, draft_model=alias), passthrough, config=model_config,
+                           draft=draft_config, env=env)
+        plan = replace(plan, notes=plan.notes + (
+            f"draft model {knobs.draft_model} passed to vLLM as {alias}: vLLM 0.32 reads the method "
+            f"from a draft path containing {marker!r}",))
     return print_only, knobs, plan, default_schema, templates
+
+
+def _neutral_alias(path: str) -> str:
+    """A symlink to `path` whose name vLLM does not read a method from."""
+    import tempfile
+
+    alias = Path(tempfile.mkdtemp(prefix="draft-")) / "model"
+    alias.symlink_to(Path(path).resolve(), target_is_directory=True)
+    return str(alias)
 
 
 def _config_file_argv(path: str) -> List[str]:

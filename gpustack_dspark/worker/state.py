@@ -64,6 +64,14 @@ class WorkerState:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0) + 1
 
+    def drafting_info(self) -> Dict[str, Any]:
+        from gpustack_dspark.worker.drafting.stats import read_counters
+
+        out: Dict[str, Any] = {"mode": "off", **self.plan.drafting}
+        counters = read_counters() if self.plan.drafting_layer_on else None
+        out["counters"] = counters.summary() if counters else None
+        return out
+
     def info(self) -> Dict[str, Any]:
         plan = self.plan
         return {
@@ -80,6 +88,7 @@ class WorkerState:
             "default_format": (("json_schema" if self.default_schema is not None else "json_object")
                                if self.json_default else None),
             "accept_threshold": plan.threshold,
+            "drafting": self.drafting_info(),
             "warnings": list(plan.warnings),
             "notes": list(plan.notes),
             "warmup": {

@@ -86,6 +86,22 @@ def stack(start_server, tmp_path_factory):
         replica.stop()
 
 
+def join_listening_cpu_worker(server, api, name, folder):
+    """A CPU worker joined to `server` once the plugin registered its backend, returned (with its
+    row) only when its HTTP server listens: READY comes first, and until it listens GPUStack
+    marks the worker's models unavailable."""
+    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
+             60, "the backend registration")
+    worker = join_cpu_worker(api, server.url, name, folder)
+    try:
+        row = api.get(f"/v2/workers/{worker.id}")
+        wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+    except BaseException:
+        worker.stop()
+        raise
+    return worker, row
+
+
 def _listening(port):
     try:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 500

@@ -12,9 +12,8 @@ import pytest
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
-from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import _listening
+from tests.conftest import admin_api, dspark_status
+from tests.integration.test_routing import join_listening_cpu_worker
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +27,7 @@ def stack(start_server, tmp_path_factory):
     api = admin_api(server)
     keeper = worker = None
     try:
-        wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-                 60, "the backend registration")
-        worker = join_cpu_worker(api, server.url, "route-real-w1", base / "w1")
-        row = api.get(f"/v2/workers/{worker.id}")
-        wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+        worker, row = join_listening_cpu_worker(server, api, "route-real-w1", base / "w1")
         for replica in replicas:
             replica.wait_ready(420)
         # The GPUStack model's name is what the replicas serve (--served-model-name).

@@ -56,8 +56,27 @@ def test_subcommands_plug_into_one_parser():
     assert (args.command, args.worker, args.labels, args.remove, args.server) == ("label", "w", ["a=b"], ["c"], "http://x")
 
 
+# The bench modules the CLI may import; they talk HTTP only (checked below).
+CLI_BENCH_MODULES = {"gpustack_dspark.bench.load", "gpustack_dspark.bench.runner", "gpustack_dspark.bench.report",
+                     "gpustack_dspark.bench.workloads"}
+
+
+def test_the_bench_modules_the_cli_uses_import_no_gpustack_server_or_devstack():
+    bench = CLI.parent / "bench"
+    for module in CLI_BENCH_MODULES:
+        path = bench / (module.rsplit(".", 1)[1] + ".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                ours = [n for n in names if n.startswith("gpustack_dspark")]
+                assert all(n in CLI_BENCH_MODULES for n in ours), (path, names)
+                assert not any(n == "gpustack" or n.startswith("gpustack.") for n in names), (path, names)
+
+
 def test_the_cli_imports_no_server_side_module():
-    allowed = {"gpustack_dspark", "gpustack_dspark.labels", "gpustack_dspark.knobs", "gpustack_dspark.translate"}
+    allowed = {"gpustack_dspark", "gpustack_dspark.labels", "gpustack_dspark.knobs", "gpustack_dspark.translate",
+               "gpustack_dspark.backend_ids",
+               *CLI_BENCH_MODULES, "gpustack_dspark.bench"}
     for path in CLI.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpustack_dspark"):

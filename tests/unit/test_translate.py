@@ -108,6 +108,9 @@ def test_generic_models_use_suffix_when_installed_else_ngram():
     assert p.method == "suffix"
     p = plan(["--enable-dspark"], "llama")
     assert p.method == "ngram" and "not installed" in p.method_reason
+    # The drafting layer (on by default on JSON replicas) drafts longer than plain n-gram.
+    assert spec(p) == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    p = plan(["--enable-dspark", "--dspark-drafting=off"], "llama")
     assert spec(p) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     with pytest.raises(KnobError, match="arctic-inference"):
         plan(["--enable-dspark", "--dspark-method=suffix"], "llama")
@@ -162,3 +165,39 @@ def test_passthrough_arguments_keep_their_order_and_tuning_flags_are_not_wrapped
     p = plan(["--enable-dspark", *args])
     assert p.vllm_argv[:2 + len(args)] == ["--model", "/models/m", *args]
     assert p.vllm_argv[-2:] == ["--middleware", MIDDLEWARE]
+
+
+def test_drafting_layer_loads_through_the_scheduler_class_with_its_settings():
+    p = plan(["--enable-dspark", "--dspark-accept-threshold=0.6", "--dspark-speculative-length=6"], "llama", env=CPU)
+    assert p.drafting["mode"] == "forced+statistical"
+    assert flag(p, "--scheduler-cls") == "gpustack_dspark.worker.drafting.scheduler.DSparkDraftingScheduler"
+    assert "--no-async-scheduling" in p.vllm_argv
+    assert json.loads(flag(p, "--additional-config")) == {
+        "dspark_drafting": {"mode": "forced+statistical", "threshold": 0.6, "length": 6}}
+    assert p.threshold["applied"] is True and "cut at the first token below" in p.threshold["mechanism"]
+    assert not p.warnings and "drafting=forced+statistical" in p.startup_line()
+
+
+def test_drafting_layer_modes_defaults_and_merged_additional_config():
+    p = plan(["--enable-dspark", "--dspark-drafting=forced", "--additional-config", '{"x": 1}'], "llama", env=CPU)
+    assert json.loads(flag(p, "--additional-config")) == {
+        "x": 1, "dspark_drafting": {"mode": "forced", "threshold": 0.3, "length": 8}}
+    assert p.threshold == {**p.threshold, "value": 0.3, "applied": True, "default": True}
+    p = plan(["--enable-dspark", "--dspark-drafting=off"], "llama", env=CPU)
+    assert p.drafting["mode"] == "off" and "--scheduler-cls" not in p.vllm_argv
+    assert p.threshold["applied"] is False
+
+
+def test_drafting_layer_off_where_drafts_never_reach_the_scheduler():
+    p = plan(["--enable-dspark"], "deepseek-v4.1")
+    assert p.method == "dspark" and p.drafting["mode"] == "off"
+    assert "asynchronous scheduling" in p.drafting["reason"] and "--scheduler-cls" not in p.vllm_argv
+    assert any("drafting layer off" in n for n in p.notes)
+    with pytest.raises(KnobError, match="--dspark-drafting: 'forced' is not allowed.*never pass the scheduler"):
+        plan(["--enable-dspark", "--dspark-drafting=forced"], "deepseek-v4.1")
+    with pytest.raises(KnobError, match="needs --dspark-grammar-mode=json"):
+        plan(["--enable-dspark", "--dspark-grammar-mode=off", "--dspark-drafting=forced"], "llama", env=CPU)
+    with pytest.raises(KnobError, match="--scheduler-cls, which the drafting layer replaces"):
+        plan(["--enable-dspark", "--dspark-drafting=forced+statistical", "--scheduler-cls", "x.Y"], "llama", env=CPU)
+    with pytest.raises(KnobError, match="--additional-config: 'nope'"):
+        plan(["--enable-dspark", "--additional-config", "nope"], "llama", env=CPU)

@@ -1,6 +1,8 @@
 """The worker's pure parts: the JSON-default rewrite, dspark_stats, the server-config YAML
 mapping, launcher argument splitting and warmup request building."""
 
+import json
+
 import pytest
 
 from gpustack_dspark.knobs import KnobError
@@ -138,3 +140,25 @@ def test_replies_that_break_the_schema_are_caught():
     assert schema_violation(*_reply("[1, 2]"), ANY_JSON) is None
     assert schema_violation(*_reply("hello"), ANY_JSON).startswith("not JSON")
     assert schema_violation(*_reply("hello"), None) is None
+
+
+def test_a_draft_path_vllm_would_read_a_method_from_is_passed_through_a_neutral_alias(tmp_path, monkeypatch):
+    # vLLM 0.32 turns method draft_model into dspark when the draft path contains "dspark".
+    from pathlib import Path
+
+    from gpustack_dspark.translate import path_method_marker
+    from gpustack_dspark.worker import serve
+
+    assert path_method_marker("/models/gpustack-dspark/draft") == "dspark"
+    assert path_method_marker("/models/EAGLE3-head") == "eagle3" and path_method_marker("/models/draft") is None
+    root = Path(__file__).resolve().parents[2] / "fixtures" / "models"
+    marked = tmp_path / "gpustack-dspark-draft"
+    marked.symlink_to(root / "tiny-order-draft", target_is_directory=True)
+    monkeypatch.setenv("DSPARK_DEVICE", "cpu")
+    _, knobs, plan, _, _ = serve.prepare([str(root / "tiny-order-llama"), "--enable-dspark",
+                                          "--dspark-draft-model", str(marked)])
+    spec = json.loads(plan.vllm_argv[plan.vllm_argv.index("--speculative-config") + 1])
+    assert plan.method == "draft_model" and path_method_marker(spec["model"]) is None
+    assert Path(spec["model"]).resolve() == (root / "tiny-order-draft").resolve()
+    assert any("reads the method from a draft path containing 'dspark'" in n for n in plan.notes)
+    assert knobs.draft_model == str(marked)

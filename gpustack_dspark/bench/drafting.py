@@ -1,0 +1,138 @@
+"""Benchmark: DSpark drafting variants side by side, in one run, on real vLLM (CPU).
+
+    .venv/bin/python -m gpustack_dspark.bench.drafting [--requests 48] [--concurrency 8]
+
+One replica per variant (identical vLLM settings and speculative length), started one after
+the other; each serves two workloads: order JSON (the schema of bench/order_json.py) and a
+fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
+bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
+statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
+sweep of forced + statistical.
+
+Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance, and
+output tokens per target forward pass. Every step of the target model yields one sampled
+token plus the drafts it accepted, so forward passes = output tokens - accepted draft tokens
+(vLLM's counters, read before and after): a figure that does not depend on the hardware.
+Figures, not assertions.
+"""
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import httpx
+
+from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
+from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
+from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+
+FIXED_SCHEMA = json.loads((Path(__file__).parent / "data" / "glaive_book_flight.schema.json").read_text())
+CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Rome")
+
+
+def fixed_schema_bodies(count: int, max_tokens: int, temperature: float) -> List[Dict]:
+    bodies = []
+    for i in range(count):
+        prompt = (f"Book a flight to {CITIES[i % len(CITIES)]} for {1 + i % 4} passengers, leaving "
+                  f"2026-0{1 + i % 9}-1{i % 10} and returning 2026-0{1 + i % 9}-2{i % 10}. "
+                  f"Schema: {json.dumps(FIXED_SCHEMA, separators=(',', ':'))}")
+        bodies.append({"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": temperature, "seed": i,
+                       "response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "book_flight", "schema": FIXED_SCHEMA}}})
+    return bodies
+
+
+def variants(length: int, sweep: Sequence[float]) -> List[Tuple[str, List[str]]]:
+    spec = ["--enable-dspark", f"--dspark-speculative-length={length}"]
+    out = [
+        ("no speculation", []),
+        ("base drafter only (vLLM n-gram)", spec + ["--dspark-drafting=off"]),
+        ("statistical only", spec + ["--dspark-drafting=statistical"]),
+        ("forced only", spec + ["--dspark-drafting=forced"]),
+        ("forced + statistical", spec + ["--dspark-drafting=forced+statistical"]),
+    ]
+    out += [(f"forced + statistical, threshold {t}", spec + ["--dspark-drafting=forced+statistical",
+                                                             f"--dspark-accept-threshold={t}"]) for t in sweep]
+    return out
+
+
+def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -> Dict[str, float]:
+    import jsonschema
+
+    def metric_text() -> str:
+        return httpx.get(f"{base_url}/metrics", timeout=10).text
+
+    before = spec_counters(metric_text())
+    stats = asyncio.run(run_load(base_url, bodies, concurrency,
+                                 check=json_check(lambda v: jsonschema.validate(v, schema))))
+    after = spec_counters(metric_text())
+    spec = acceptance(before, after)
+    accepted = spec["accepted"]
+    tokens = stats.output_tokens
+    return {"tok_s": stats.tokens_per_s, "p50_ms": stats.latency_percentile(50) * 1000,
+            "p99_ms": stats.latency_percentile(99) * 1000,
+            "acceptance": spec["acceptance_rate"],
+            "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
+            "format_errors": stats.format_errors, "failed": len(stats.results) - len(stats.ok)}
+
+
+def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
+    base = rows[0][1]["tok_s"] if rows else math.nan
+    print(f"\n{workload}")
+    print(f"{'variant':40}{'tok/s':>9}{'x none':>8}{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'tok/fwd':>9}{'fmt err':>8}")
+    for name, f in rows:
+        ratio = f["tok_s"] / base if base else math.nan
+        acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
+        print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}"
+              f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=48, help="requests per workload and variant")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--length", type=int, default=8, help="speculative length of every variant")
+    parser.add_argument("--sweep", default="0.5,0.7,0.9", help="extra thresholds for forced + statistical")
+    parser.add_argument("--only", default="", help="comma-separated variant numbers to run (1-based)")
+    args = parser.parse_args(argv)
+
+    sweep = [float(t) for t in args.sweep.split(",") if t]
+    chosen = variants(args.length, sweep)
+    if args.only:
+        chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
+    workloads = {
+        "order JSON": (order_bodies(args.requests, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
+        "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
+            (fixed_schema_bodies(args.requests, args.max_tokens, args.temperature), FIXED_SCHEMA),
+    }
+    logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
+    results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {w: [] for w in workloads}
+    for number, (name, knobs) in enumerate(chosen, 1):
+        replica = start_replica(logs / f"variant-{number}.log",
+                                knobs + SAME_VLLM_ARGS + ["--dspark-warmup-requests", "2"])
+        try:
+            replica.wait_ready(600)
+            for workload, (bodies, schema) in workloads.items():
+                figures = measure(replica.base_url, bodies, schema, args.concurrency)
+                results[workload].append((name, figures))
+                print(f"[{number}/{len(chosen)}] {name} / {workload}: "
+                      f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
+        finally:
+            replica.stop()
+    print(f"{args.requests} requests per workload, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+          f"temperature {args.temperature}, speculative length {args.length}; real vLLM 0.32 on this CPU")
+    for workload, rows in results.items():
+        report(workload, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""`gpustack-dspark bench`: the load test users run before and after turning DSpark on.
+
+    gpustack-dspark bench --server http://gpustack:80 --api-key KEY --model orders \\
+        --concurrency 8 --requests 200 --stream
+    gpustack-dspark bench --compare http://127.0.0.1:8001 http://127.0.0.1:8002 --requests 64
+
+Targets are OpenAI-compatible: GPUStack's `/v1` or a replica. The load and its figures live
+in `bench/` (runner.py, report.py); this module parses and checks the arguments.
+"""
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from gpustack_dspark.bench import report, workloads
+from gpustack_dspark.bench.load import json_check
+from gpustack_dspark.bench.runner import BenchError, Settings, is_loopback, normalize_target, run_target
+from gpustack_dspark.cli.client import CLIError
+
+LIMITS = {"concurrency": (1, 1024), "requests": (1, 100_000), "duration": (1, 3600), "warmup": (0, 1000),
+          "max_tokens": (1, 32768), "temperature": (0.0, 2.0), "timeout": (1, 3600)}
+DEFAULT_REQUESTS = 100
+
+
+def register(subparsers, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "bench", parents=[common], help="load-test an OpenAI-compatible endpoint (GPUStack /v1 or a replica)",
+        description="Load-test GPUStack's /v1 (--server) or a replica; --compare A B runs two targets in one "
+                    "run and prints B/A ratios. Figures: output tok/s, requests/s, latency and TTFT "
+                    "P50/P90/P99, JSON format-error rate, acceptance rate and tokens per forward pass.")
+    parser.add_argument("--model", help="model name (default: the only model the target serves)")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two target URLs, run one after the other")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    limit = parser.add_mutually_exclusive_group()
+    limit.add_argument("--requests", type=int, help=f"number of requests (default {DEFAULT_REQUESTS})")
+    limit.add_argument("--duration", type=float, metavar="SECONDS", help="send requests for this long instead")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--schema", metavar="FILE", help="JSON schema file for the replies "
+                        "(default: the built-in order-JSON workload)")
+    parser.add_argument("--stream", action="store_true", help="stream replies (measures TTFT)")
+    parser.add_argument("--warmup", type=int, default=0, metavar="N", help="uncounted requests first (default 0)")
+    parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per request (default 120)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
+                        help="where to read vLLM's speculative counters (repeatable; default TARGET/metrics)")
+    parser.add_argument("--local-only", action="store_true", help="refuse targets that are not on loopback")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the figures as JSON")
+    output.add_argument("--csv", action="store_true", help="print the figures as CSV")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal)")
+    parser.set_defaults(run=run)
+
+
+def _check_range(name: str, value: Optional[float]) -> None:
+    if value is None:
+        return
+    low, high = LIMITS[name]
+    if not (low <= value <= high) or (isinstance(value, float) and math.isnan(value)):
+        raise CLIError(f"--{name.replace('_', '-')} {value}: must be between {low} and {high}")
+
+
+def load_schema(path: str) -> Dict[str, Any]:
+    try:
+        schema = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise CLIError(f"--schema {path}: cannot read the file: {e.strerror}") from None
+    except ValueError as e:
+        raise CLIError(f"--schema {path}: not JSON: {e}") from None
+    try:
+        import jsonschema
+
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except ImportError:
+        raise CLIError("--schema needs the jsonschema package (pip install jsonschema)") from None
+    except Exception as e:
+        raise CLIError(f"--schema {path}: not a valid JSON schema: {str(e).splitlines()[0]}") from None
+    if not isinstance(schema, dict):
+        raise CLIError(f"--schema {path}: a JSON schema object is expected")
+    return schema
+
+
+def targets_of(args: argparse.Namespace) -> List[str]:
+    if args.compare:
+        if args.metrics_url:
+            raise CLIError("--metrics-url applies to one target; with --compare each target's /metrics is read")
+        found = list(args.compare)
+    elif args.server:
+        found = [args.server]
+    else:
+        raise CLIError("no target: pass --server URL (GPUStack or a replica), set GPUSTACK_SERVER_URL, "
+                       "or --compare A B")
+    try:
+        found = [normalize_target(t) for t in found]
+    except BenchError as e:
+        raise CLIError(str(e)) from None
+    if args.local_only:
+        for url in found + list(args.metrics_url):
+            if not is_loopback(url):
+                raise CLIError(f"{url} is not a loopback address and --local-only is set")
+    return found
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    for name in ("concurrency", "requests", "duration", "warmup", "max_tokens", "temperature", "timeout"):
+        _check_range(name, getattr(args, name))
+    schema = load_schema(args.schema) if args.schema else None
+    validator = None
+    try:
+        import jsonschema
+
+        checked = schema or workloads.ORDER_SCHEMA
+        validator = jsonschema.validators.validator_for(checked)(checked).validate
+    except ImportError:  # parse-only check without jsonschema
+        pass
+    if schema is None:
+        def body(i, model):
+            return workloads.order_body(i, args.max_tokens, args.temperature, model)
+    else:
+        def body(i, model):
+            return workloads.schema_body(i, schema, args.max_tokens, args.temperature, model)
+    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    return Settings(concurrency=args.concurrency, requests=requests, duration_s=args.duration, stream=args.stream,
+                    warmup=args.warmup, timeout_s=args.timeout, body=body, check=json_check(validator),
+                    api_key=args.api_key, progress=progress)
+
+
+async def _run_all(targets: List[str], args, settings: Settings):
+    runs = []
+    for name, target in zip("AB" if len(targets) == 2 else " ", targets):
+        label = f"{name.strip() + ' ' if name.strip() else ''}{target}"
+        runs.append(await run_target(target, args.model, settings, args.metrics_url or None, label=label))
+    return runs
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = targets_of(args)
+    settings = settings_of(args)
+    try:
+        runs = asyncio.run(_run_all(targets, args, settings))
+    except BenchError as e:
+        raise CLIError(str(e)) from None
+    figures = [report.figures(r) for r in runs]
+    described = {
+        "workload": f"schema {args.schema}" if args.schema else "built-in order-JSON workload",
+        "concurrency": args.concurrency, "max_tokens": args.max_tokens, "temperature": args.temperature,
+        "stream": args.stream, "warmup": args.warmup,
+        "limit": f"{args.duration:g} s" if args.duration else f"{settings.requests} requests",
+    }
+    if args.json:
+        print(report.as_json(figures, described))
+    elif args.csv:
+        print(report.as_csv(figures), end="")
+    else:
+        print(report.as_text(figures, described))
+    failed_all = [f["target"] for f in figures if f["requests"] and f["failed"] == f["requests"]]
+    if failed_all:
+        print(f"gpustack-dspark bench: every request to {', '.join(failed_all)} failed", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""DSpark drafting layer: grammar-forced + statistical drafts inside vLLM's scheduler."""

@@ -1,0 +1,102 @@
+"""One request's draft: grammar-forced tokens first, statistical tokens fill the rest.
+
+Pure: the grammar, the tokenizer and the statistical predictor come in as small interfaces,
+so the rules are testable without vLLM. The grammar is walked forward while the draft is
+built (forced strings appear again after each statistical token, e.g. the next key after a
+value) and rolled back before returning: the request's real grammar state is untouched.
+
+Confidence: forced tokens 1; a statistical token carries the chance that the draft is still
+right after it (the product of the estimates so far). The draft is cut at the first token
+whose confidence is below the threshold.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple
+
+FORCED, STATISTICAL = "forced", "statistical"
+
+
+class GrammarWalker(Protocol):
+    def accept_token(self, token: int) -> bool: ...
+    def rollback(self, num_tokens: int) -> None: ...
+    def find_jump_forward_string(self) -> str: ...
+    def is_completed(self) -> bool: ...
+    def is_terminated(self) -> bool: ...
+    def only_allowed_token(self) -> Optional[int]: ...
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    length: int
+    threshold: float
+    forced: bool = True
+    statistical: bool = True
+
+
+@dataclass
+class Draft:
+    tokens: List[int] = field(default_factory=list)
+    kinds: List[str] = field(default_factory=list)
+    cut_by_threshold: bool = False
+
+    def add(self, token: int, kind: str) -> None:
+        self.tokens.append(token)
+        self.kinds.append(kind)
+
+
+Encode = Callable[[str], Sequence[int]]
+Predict = Callable[[List[int]], Optional[Tuple[int, float]]]
+TokenText = Callable[[int], str]
+
+
+def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, token_text: TokenText,
+                      draft: List[int]) -> Optional[int]:
+    """The next token of the text the grammar forces from here, or None.
+
+    The text is certain, its tokenization is not: a model may spell a key in other pieces
+    than the tokenizer's canonical split. So the statistical guess is taken when it spells a
+    prefix of the forced text (it learned how this model writes it), else the first token of
+    the canonical split. Once the document is complete, the stop token if it is the only one
+    allowed.
+    """
+    text = grammar.find_jump_forward_string()
+    if not text:
+        return grammar.only_allowed_token() if grammar.is_completed() else None
+    guess = predict(draft)
+    if guess is not None:
+        piece = token_text(guess[0])
+        if piece and text.startswith(piece):
+            return guess[0]
+    canonical = encode(text)
+    return canonical[0] if canonical else None
+
+
+def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy: DraftPolicy,
+                token_text: TokenText = lambda _: "") -> Draft:
+    draft = Draft()
+    confidence = 1.0
+    try:
+        while len(draft.tokens) < policy.length and not grammar.is_terminated():
+            if policy.forced:
+                token = next_forced_token(grammar, encode, predict, token_text, draft.tokens)
+                # A tokenization the grammar refuses (rare boundary cases) ends the forced run.
+                if token is not None and grammar.accept_token(token):
+                    draft.add(token, FORCED)
+                    continue
+            if not policy.statistical:
+                break
+            guess = predict(draft.tokens)
+            if guess is None:
+                break
+            token, estimate = guess
+            if confidence * estimate < policy.threshold:
+                draft.cut_by_threshold = True
+                break
+            if not grammar.accept_token(token):
+                break
+            confidence *= estimate
+            draft.add(token, STATISTICAL)
+    finally:
+        grammar.rollback(len(draft.tokens))
+    return draft
+

@@ -1,0 +1,101 @@
+"""Frequency index of token n-grams: the statistical half of DSpark drafting. Pure Python.
+
+It answers "after these tokens, what came next, and how often?" from two sources: the
+request's own tokens (prompt + output so far, as prompt lookup does) and the outputs of
+recent requests (as suffix decoding does). The longest context that was seen wins; the
+estimate is count / (total + 1), so a continuation seen once is never "certain" — only
+grammar-forced tokens carry confidence 1.
+"""
+
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+Counts = Dict[int, int]
+
+
+class NgramIndex:
+    """n-gram (n = 1..max_n) → counts of the token that followed it."""
+
+    def __init__(self, max_n: int = 4) -> None:
+        self.max_n = max_n
+        self.table: Dict[Tuple[int, ...], Counts] = {}
+
+    def add(self, tokens: Sequence[int], start: int = 0, sign: int = 1) -> None:
+        """Count every (context → next) pair whose next token is at position >= start."""
+        table, max_n = self.table, self.max_n
+        for pos in range(max(start, 1), len(tokens)):
+            nxt = tokens[pos]
+            for n in range(1, min(max_n, pos) + 1):
+                key = tuple(tokens[pos - n:pos])
+                counts = table.get(key)
+                if counts is None:
+                    if sign < 0:
+                        continue
+                    counts = table[key] = {}
+                value = counts.get(nxt, 0) + sign
+                if value > 0:
+                    counts[nxt] = value
+                else:
+                    counts.pop(nxt, None)
+                    if not counts:
+                        del table[key]
+
+    def remove(self, tokens: Sequence[int]) -> None:
+        self.add(tokens, 0, sign=-1)
+
+
+class RequestHistory:
+    """The request-local index, fed incrementally as the request's tokens grow."""
+
+    def __init__(self, max_n: int) -> None:
+        self.index = NgramIndex(max_n)
+        self.indexed = 0
+
+    def update(self, tokens: Sequence[int]) -> None:
+        if len(tokens) > self.indexed:
+            self.index.add(tokens, start=self.indexed)
+            self.indexed = len(tokens)
+
+
+class SharedHistory:
+    """Outputs of the last `capacity` finished requests (evicted ones are un-counted)."""
+
+    def __init__(self, max_n: int, capacity: int = 256) -> None:
+        self.index = NgramIndex(max_n)
+        self.capacity = capacity
+        self.outputs: Deque[Tuple[int, ...]] = deque()
+
+    def add_output(self, tokens: Sequence[int]) -> None:
+        if self.capacity <= 0 or len(tokens) < 2:
+            return
+        kept = tuple(tokens)
+        self.outputs.append(kept)
+        self.index.add(kept)
+        while len(self.outputs) > self.capacity:
+            self.index.remove(self.outputs.popleft())
+
+
+def predict(context: Sequence[int], indexes: Sequence[NgramIndex],
+            min_n: int = 1) -> Optional[Tuple[int, float]]:
+    """The most frequent next token after the longest context any index has seen, with its
+    estimate count / (total + 1); None when no context of length >= min_n was seen."""
+    max_n = max((ix.max_n for ix in indexes), default=0)
+    for n in range(min(max_n, len(context)), min_n - 1, -1):
+        key = tuple(context[len(context) - n:])
+        merged: Counts = {}
+        for ix in indexes:
+            counts = ix.table.get(key) if n <= ix.max_n else None
+            if counts:
+                for token, count in counts.items():
+                    merged[token] = merged.get(token, 0) + count
+        if merged:
+            token, count = max(merged.items(), key=lambda kv: (kv[1], -kv[0]))
+            return token, count / (sum(merged.values()) + 1)
+    return None
+
+
+def tail(tokens: Sequence[int], extra: List[int], n: int) -> List[int]:
+    """The last n tokens of tokens + extra, without copying the whole sequence."""
+    need = n - len(extra)
+    head = list(tokens[len(tokens) - need:]) if need > 0 else []
+    return (head + extra)[-n:] if n > 0 else []

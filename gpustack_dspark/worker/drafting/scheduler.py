@@ -1,0 +1,313 @@
+"""vLLM glue: the engine-core scheduler class that builds DSpark drafts (`--scheduler-cls`).
+
+vLLM (V1 engine, synchronous scheduling) hands the drafter's tokens to
+`Scheduler.update_draft_token_ids` after each step, in the engine-core process, where every
+request's grammar matcher lives. Here, for requests with a grammar, the draft is rebuilt by
+`draft_builder`: grammar-forced tokens first, statistical tokens after them. vLLM then
+verifies the draft with the target model as usual, so the output is what the target model
+produces without speculation. Requests without a grammar keep vLLM's own drafts.
+
+These are vLLM internals (not a public interface): `check_vllm_internals` names what this
+relies on and the class refuses to start when any of it is missing.
+"""
+
+import functools
+import logging
+import os
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence
+
+from gpustack_dspark.worker.drafting import draft_builder
+from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
+from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
+
+# Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
+logger = logging.getLogger("vllm.dspark.drafting")
+
+PINNED_VLLM = "0.32.0"
+CONFIG_KEY = "dspark_drafting"
+MAX_N = 4
+ENCODE_CACHE_SIZE = 4096
+
+# What the layer uses from vLLM and xgrammar: (object path, attribute).
+INTERNALS = (
+    ("vllm.v1.core.sched.scheduler.Scheduler", "update_draft_token_ids"),
+    ("vllm.v1.core.sched.scheduler.Scheduler", "update_from_output"),
+    ("vllm.v1.core.sched.scheduler.Scheduler", "_free_request"),
+    ("vllm.v1.structured_output.StructuredOutputManager", "validate_tokens"),
+    ("vllm.v1.structured_output.backend_xgrammar.XgrammarGrammar", "matcher"),
+    ("vllm.v1.outputs.DraftTokenIds", "draft_token_ids"),
+    ("vllm.v1.outputs.ModelRunnerOutput", "sampled_token_ids"),
+    ("xgrammar.GrammarMatcher", "find_jump_forward_string"),
+    ("xgrammar.GrammarMatcher", "is_completed"),
+    ("xgrammar.GrammarMatcher", "rollback"),
+)
+
+
+def _resolve(path: str):
+    import importlib
+
+    module_name, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def check_vllm_internals() -> List[str]:
+    """Everything missing, as readable lines; empty when this vLLM is the one we pin."""
+    problems = []
+    try:
+        from gpustack_dspark.worker.launch import installed_vllm_version
+
+        version = installed_vllm_version().split("+")[0]
+        if version != PINNED_VLLM:
+            problems.append(f"vLLM {version} is installed; the drafting layer is pinned to {PINNED_VLLM}")
+    except Exception as e:  # pragma: no cover - import problems are reported below too
+        problems.append(f"cannot read the vLLM version: {e}")
+    for path, attr in INTERNALS:
+        try:
+            owner = _resolve(path)
+        except Exception as e:
+            problems.append(f"{path} is missing ({e.__class__.__name__})")
+            continue
+        fields = getattr(owner, "__dataclass_fields__", {})
+        found = getattr(owner, attr, None)
+        # An abstract method inherited from an interface is no implementation.
+        if attr not in fields and (found is None or getattr(found, "__isabstractmethod__", False)):
+            problems.append(f"{path}.{attr} is missing")
+    return problems
+
+
+class XgrammarWalker:
+    """draft_builder.GrammarWalker over an xgrammar matcher."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+
+    def accept_token(self, token: int) -> bool:
+        return bool(self.matcher.accept_token(token))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
+    def find_jump_forward_string(self) -> str:
+        # xgrammar refuses (raises) once the stop token is in.
+        return "" if self.matcher.is_terminated() else self.matcher.find_jump_forward_string()
+
+    def is_completed(self) -> bool:
+        return self.matcher.is_completed() and not self.matcher.is_terminated()
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def only_allowed_token(self) -> Optional[int]:
+        import numpy as np
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask)
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
+        allowed = np.flatnonzero(bits)
+        return int(allowed[0]) if len(allowed) == 1 else None
+
+
+def layer_config(vllm_config) -> Dict[str, Any]:
+    config = dict((getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY) or {})
+    spec = vllm_config.speculative_config
+    config.setdefault("length", spec.num_speculative_tokens if spec else 0)
+    config.setdefault("threshold", 0.0)
+    config.setdefault("mode", "forced+statistical")
+    config.setdefault("base_method", spec.method if spec else None)
+    config.setdefault("shared_history", 256)
+    return config
+
+
+def _scheduler_base():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+class DraftingLayer:
+    """Per-engine state of the layer: histories, counters, the tokenizer cache."""
+
+    def __init__(self, config: Dict[str, Any], tokenizer, vocab_size: int) -> None:
+        mode = config["mode"]
+        self.policy = draft_builder.DraftPolicy(
+            length=int(config["length"]), threshold=float(config["threshold"]),
+            forced="forced" in mode, statistical="statistical" in mode)
+        self.base_method = config["base_method"]
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.counters = DraftingCounters()
+        self.writer = StatsWriter(os.environ.get(STATS_FILE_ENV))
+        self.shared = SharedHistory(MAX_N, int(config["shared_history"]))
+        self.histories: Dict[str, RequestHistory] = {}
+        self.kinds: Dict[str, List[str]] = {}
+        self.seen: Dict[str, bool] = {}
+        self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
+        self._texts: Dict[int, str] = {}
+
+    def encode(self, text: str) -> Sequence[int]:
+        cached = self._encode_cache.get(text)
+        if cached is None:
+            cached = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            self._encode_cache[text] = cached
+            if len(self._encode_cache) > ENCODE_CACHE_SIZE:
+                self._encode_cache.popitem(last=False)
+        return cached
+
+    def token_text(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
+
+    def note_request(self, request_id: str, has_grammar: bool) -> None:
+        if request_id in self.seen:
+            return
+        self.seen[request_id] = has_grammar
+        if has_grammar:
+            self.counters.requests_with_grammar += 1
+        else:
+            self.counters.requests_without_grammar += 1
+            logger.info("DSpark drafting off for request %s: it has no grammar (vLLM's %s drafts used as they are)",
+                        request_id, self.base_method)
+
+    def draft_for(self, request, matcher, base_draft: Sequence[int]) -> draft_builder.Draft:
+        history = self.histories.get(request.request_id)
+        if history is None:
+            history = self.histories[request.request_id] = RequestHistory(MAX_N)
+        tokens = request.all_token_ids
+        history.update(tokens)
+        indexes = (history.index, self.shared.index)
+
+        def next_token(draft_so_far: List[int]):
+            return predict(tail(tokens, draft_so_far, MAX_N), indexes)
+
+        walker = XgrammarWalker(matcher, self.vocab_size)
+        draft = draft_builder.build_draft(walker, self.encode, next_token, self.policy, self.token_text)
+        self.counters.drafts += 1
+        self.counters.drafts_cut_by_threshold += int(draft.cut_by_threshold)
+        # A draft-model base drafts from this very position: its tokens beat n-gram guesses
+        # when the grammar forces nothing here.
+        if (self.base_method == "draft_model" and base_draft
+                and (not draft.kinds or draft.kinds[0] != draft_builder.FORCED)):
+            return draft_builder.Draft(list(base_draft), ["base"] * len(base_draft))
+        return draft
+
+    def record_verified(self, request_id: str, num_scheduled: int, num_generated: int) -> None:
+        kinds = self.kinds.pop(request_id, None)
+        if num_generated > 0:
+            self.counters.target_forward_passes += 1
+            self.counters.output_tokens += num_generated
+        if not kinds or not num_scheduled:
+            return
+        accepted = max(num_generated - 1, 0)
+        counters = self.counters
+        for position, kind in enumerate(kinds[:num_scheduled]):
+            _bump(counters, f"{kind}_proposed")
+            if position < accepted:
+                _bump(counters, f"{kind}_accepted")
+            elif position == accepted:
+                _bump(counters, f"{kind}_rejected")
+
+    def finish(self, request) -> None:
+        rid = request.request_id
+        self.histories.pop(rid, None)
+        self.kinds.pop(rid, None)
+        if self.seen.pop(rid, False):
+            self.shared.add_output(list(request.output_token_ids))
+
+
+def _bump(counters: DraftingCounters, name: str) -> None:
+    setattr(counters, name, getattr(counters, name) + 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _scheduler_class():
+    Scheduler = _scheduler_base()
+
+    class DSparkDraftingScheduler(Scheduler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            problems = check_vllm_internals()
+            if problems:
+                raise RuntimeError("DSpark drafting layer: this vLLM lacks what it relies on: "
+                                   + "; ".join(problems))
+            config = layer_config(self.vllm_config)
+            tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
+            vocab_size = self.vllm_config.model_config.get_vocab_size()
+            self.dspark = DraftingLayer(config, tokenizer, vocab_size)
+            logger.info("DSpark drafting layer on: mode=%s length=%d threshold=%s base=%s",
+                        config["mode"], self.dspark.policy.length, self.dspark.policy.threshold,
+                        self.dspark.base_method)
+
+        def _grammar_matcher(self, request):
+            """The request's xgrammar matcher when its grammar is compiled and in force."""
+            if not request.use_structured_output:
+                return None
+            sreq = request.structured_output_request
+            manager = self.structured_output_manager
+            grammar = sreq.grammar if sreq is not None else None
+            matcher = getattr(grammar, "matcher", None)
+            if matcher is None or grammar.is_terminated():
+                return None
+            if not (manager.enable_in_reasoning or sreq.reasoning_ended or manager.reasoner_cls is None):
+                return None  # still thinking: the grammar starts later
+            return matcher
+
+        def update_draft_token_ids(self, draft_token_ids) -> None:
+            layer = self.dspark
+            for req_id, base_draft in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+                request = self.requests.get(req_id)
+                if request is None or request.is_finished():
+                    continue
+                if request.is_prefill_chunk:
+                    request.spec_token_ids = []
+                    continue
+                matcher = self._grammar_matcher(request)
+                layer.note_request(req_id, matcher is not None or request.use_structured_output)
+                if matcher is None:
+                    validated = self.structured_output_manager.validate_tokens(request, base_draft)
+                    request.spec_token_ids = validated
+                    layer.kinds[req_id] = ["base"] * len(validated)
+                    continue
+                try:
+                    draft = layer.draft_for(request, matcher, base_draft)
+                except Exception:
+                    # The layer must never stop the engine: this step keeps vLLM's own draft.
+                    layer.counters.layer_errors += 1
+                    if layer.counters.layer_errors == 1:
+                        logger.exception("DSpark drafting layer failed; vLLM's drafts used for this step")
+                    draft = draft_builder.Draft(list(base_draft), ["base"] * len(base_draft))
+                validated = self.structured_output_manager.validate_tokens(request, draft.tokens)
+                layer.counters.grammar_trimmed_tokens += len(draft.tokens) - len(validated)
+                request.spec_token_ids = validated
+                layer.kinds[req_id] = draft.kinds[: len(validated)]
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            sampled = model_runner_output.sampled_token_ids
+            index = model_runner_output.req_id_to_index
+            scheduled = scheduler_output.scheduled_spec_decode_tokens
+            for req_id in scheduler_output.num_scheduled_tokens:
+                position = index.get(req_id)
+                generated = len(sampled[position]) if (sampled and position is not None) else 0
+                self.dspark.record_verified(req_id, len(scheduled.get(req_id) or ()), generated)
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            # Idle engines take no more steps: write the final figures now.
+            self.dspark.writer.maybe_write(self.dspark.counters, force=not self.running)
+            return outputs
+
+        def _free_request(self, request, *args, **kwargs):
+            self.dspark.finish(request)
+            return super()._free_request(request, *args, **kwargs)
+
+    DSparkDraftingScheduler.__qualname__ = DSparkDraftingScheduler.__name__ = "DSparkDraftingScheduler"
+    return DSparkDraftingScheduler
+
+
+def __getattr__(name: str):
+    # vLLM resolves `--scheduler-cls gpustack_dspark.worker.drafting.scheduler.DSparkDraftingScheduler`
+    # by attribute lookup; building the class lazily keeps this module importable without vLLM.
+    if name == "DSparkDraftingScheduler":
+        return _scheduler_class()
+    raise AttributeError(name)

@@ -1,0 +1,158 @@
+"""The DSpark drafting layer inside real vLLM 0.32 (CPU, the tiny fixture model).
+
+Three real `dspark-serve` replicas from the worker venv, started side by side: plain vLLM (no
+speculation), the layer with its defaults (forced + statistical), and the layer at threshold
+0.99. Greedy replies must be token-identical with and without the layer; the layer's counters
+(served on /metrics and /dspark/info) must show forced tokens that the grammar never trims.
+"""
+
+import json
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA
+from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path("/work/shared/data/jsonschemabench")
+if not BENCH.exists():
+    BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
+SCHEMA_FILES = sorted((BENCH / "Glaiveai2K").glob("*.json"))[:11]
+PROMPTS_PER_SCHEMA = 5
+MAX_TOKENS = 64
+LAYER_ARGS = ["--enable-dspark", "--dspark-speculative-length=8"]
+
+
+def schemas():
+    out = [("order", ORDER_SCHEMA)]
+    out += [(path.stem, json.loads(path.read_text())) for path in SCHEMA_FILES]
+    return out
+
+
+def bodies():
+    out = []
+    for name, schema in schemas():
+        for i in range(PROMPTS_PER_SCHEMA):
+            prompt = f"Request {i}: fill in {name.split('_')[0]} for case {i * 7 + 3}. Schema: {json.dumps(schema)}"
+            out.append({"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    return out
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("drafting")
+    settings = {
+        "plain": SAME_VLLM_ARGS,
+        "layer": LAYER_ARGS + SAME_VLLM_ARGS,
+        "strict": LAYER_ARGS + ["--dspark-accept-threshold=0.99"] + SAME_VLLM_ARGS,
+    }
+    started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"])
+               for name, args in settings.items()}
+    try:
+        for replica in started.values():
+            replica.wait_ready(600)
+        yield started
+    finally:
+        for replica in started.values():
+            replica.stop()
+
+
+def post_all(replica, requests, concurrency=4):
+    def one(body):
+        r = httpx.post(f"{replica.base_url}/v1/chat/completions", json=body, timeout=300)
+        return r.status_code, r.json()
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, requests))
+
+
+def drafting_counters(replica, settle_s=1.5):
+    time.sleep(settle_s)  # the engine writes its counters at most every 0.5 s
+    return replica.info()["drafting"]["counters"]
+
+
+def metric(replica, name):
+    for line in httpx.get(f"{replica.base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
+    requests = bodies()
+    plain = post_all(replicas["plain"], requests)
+    layered = post_all(replicas["layer"], requests)
+    compared, schemas_seen = 0, set()
+    for body, (s1, r1), (s2, r2) in zip(requests, plain, layered):
+        assert s1 == s2, (s1, s2, r1, r2)
+        if s1 != 200:
+            continue
+        a, b = r1["choices"][0], r2["choices"][0]
+        assert (a["message"]["content"], a["finish_reason"]) == (b["message"]["content"], b["finish_reason"])
+        assert r1["usage"]["completion_tokens"] == r2["usage"]["completion_tokens"]
+        compared += 1
+        schemas_seen.add(json.dumps(body["response_format"]["json_schema"]["schema"], sort_keys=True))
+    assert compared >= 50 and len(schemas_seen) >= 10, (compared, len(schemas_seen))
+
+    counters = drafting_counters(replicas["layer"])
+    assert counters["forced_proposed"] > 0 and counters["statistical_proposed"] > 0
+    # Forced tokens are proposed only where the grammar allows them: vLLM's check trims none.
+    assert counters["grammar_trimmed_tokens"] == 0 and counters["layer_errors"] == 0
+    assert counters["forced_acceptance"] > 0.3
+    assert counters["tokens_per_forward"] > 1.5
+    # The same counters on /metrics, beside vLLM's spec-decode counters.
+    assert metric(replicas["layer"], "dspark_draft_forced_tokens_proposed_total") >= counters["forced_proposed"]
+    assert metric(replicas["layer"], "vllm:spec_decode_num_draft_tokens_total") > 0
+
+
+def test_threshold_099_proposes_only_forced_tokens(replicas):
+    results = post_all(replicas["strict"], bodies()[:20])
+    assert all(status == 200 for status, _ in results)
+    counters = drafting_counters(replicas["strict"])
+    info = replicas["strict"].info()
+    assert info["accept_threshold"]["value"] == 0.99 and info["accept_threshold"]["applied"] is True
+    assert counters["forced_proposed"] > 0
+    assert counters["statistical_proposed"] == 0 and counters["drafts_cut_by_threshold"] > 0
+
+
+def test_layer_steps_aside_for_requests_without_a_grammar(replicas):
+    replica = replicas["layer"]
+    before = drafting_counters(replica, settle_s=0)["requests_without_grammar"]
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 16, "temperature": 0.0, "response_format": {"type": "text"}}
+    r = httpx.post(f"{replica.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200
+    assert drafting_counters(replica)["requests_without_grammar"] == before + 1
+    log = replica.process.log_path.read_text()
+    assert "DSpark drafting off for request" in log and "it has no grammar" in log
+
+
+VERSION_PROBE = """
+import json, sys
+from gpustack_dspark.worker.drafting import scheduler
+if sys.argv[1] == "remove":
+    from vllm.v1.core.sched.scheduler import Scheduler
+    del Scheduler.update_draft_token_ids
+print(json.dumps(scheduler.check_vllm_internals()))
+"""
+
+
+def test_pinned_vllm_internals_are_present_and_their_absence_is_caught():
+    def probe(mode):
+        out = subprocess.run([str(worker_python()), "-c", VERSION_PROBE, mode], env=worker_env(),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert probe("keep") == []
+    problems = probe("remove")
+    assert problems == ["vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids is missing"]
