@@ -17,7 +17,7 @@ import httpx
 
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
-from gpustack_dspark.devstack.demo_model import create_demo_model, stage_model_dir
+from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range, join_cpu_worker
@@ -52,11 +52,12 @@ class Sample:
 
 
 class InstanceWatch(threading.Thread):
-    """Polls the model's instances (and each replica's /dspark/info) and keeps every sample."""
+    """Polls the named model's instances (and each replica's /dspark/info) and keeps every
+    sample; started before the model exists, so it sees every state from the first."""
 
-    def __init__(self, api: GPUStackAPI, model_id: int, interval_s: float = 0.5):
+    def __init__(self, api: GPUStackAPI, model_name: str, interval_s: float = 0.5):
         super().__init__(name="dspark-instance-watch", daemon=True)
-        self.api, self.model_id, self.interval_s = api, model_id, interval_s
+        self.api, self.model_name, self.interval_s = api, model_name, interval_s
         self.samples: List[Sample] = []
         self.latest: Dict[int, Dict[str, Any]] = {}
         self._halt = threading.Event()
@@ -69,7 +70,7 @@ class InstanceWatch(threading.Thread):
     def run(self) -> None:
         while not self._halt.wait(self.interval_s):
             try:
-                instances = [i for i in self.api.items("/v2/model-instances") if i["model_id"] == self.model_id]
+                instances = [i for i in self.api.items("/v2/model-instances") if i.get("model_name") == self.model_name]
             except Exception:
                 continue
             for inst in instances:
@@ -177,14 +178,14 @@ class ContainerStack:
         self._phase("worker", t)
         return self
 
-    def deploy(self, replicas: int = 2, timeout_s: float = 600) -> Dict[str, Any]:
-        """The demo model, created through the API; returns once every replica is RUNNING."""
-        worker = self.api.get(f"/v2/workers/{self.worker.id}")
-        model_path = stage_model_dir(self.base / "models" / "tiny-order")
-        t = time.monotonic()
-        self.model = create_demo_model(self.api, model_path, worker["cluster_id"], replicas)
-        self.watch = InstanceWatch(self.api, self.model["id"])
+    def deploy(self, model_file: Path = DEMO_MODEL_FILE, timeout_s: float = 600) -> Dict[str, Any]:
+        """`gpustack-dspark apply -f model_file`; returns once every replica is RUNNING."""
+        name, replicas = model_name_and_replicas(model_file)
+        self.watch = InstanceWatch(self.api, name)
         self.watch.start()
+        t = time.monotonic()
+        apply_model_file(model_file, self.server.url, self.api.api_key, self.base / "apply.log")
+        self.model = next(m for m in self.api.items("/v2/models") if m["name"] == name)
         self.wait_running(replicas, timeout_s)
         self._phase("replicas_running", t)
         return self.model

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import httpx
+import yaml
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
-from gpustack_dspark.devstack.replica import SERVED_NAME
+from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, model_name_and_replicas
 from gpustack_dspark.devstack.server import ADMIN_USER
 
 BENCH_REQUESTS = 32
@@ -62,13 +63,13 @@ def _spec_totals(stack: ContainerStack) -> Dict[str, float]:
     return totals
 
 
-def benchmark(stack: ContainerStack, requests: int = BENCH_REQUESTS,
+def benchmark(stack: ContainerStack, model: str, requests: int = BENCH_REQUESTS,
               concurrency: int = BENCH_CONCURRENCY) -> Dict[str, Any]:
     """A short JSON-schema load through GPUStack's /v1; one summary dict (pure figures)."""
     import jsonschema
 
     bodies: List[Dict[str, Any]] = [
-        {"model": SERVED_NAME, "max_tokens": 160, "temperature": 0,
+        {"model": model, "max_tokens": 160, "temperature": 0,
          "messages": [{"role": "user", "content": f"Create an order record for user {500 + i}."}],
          "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": BENCH_SCHEMA}}}
         for i in range(requests)]
@@ -83,9 +84,9 @@ def benchmark(stack: ContainerStack, requests: int = BENCH_REQUESTS,
             "format_errors": stats.format_errors, "concurrency": concurrency}
 
 
-def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threading.Event) -> int:
+def run_demo(port: int, model_file: Path, state_dir: Optional[Path], stop: threading.Event) -> int:
     # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes);
-    # no "dspark" in it (demo_model.VLLM_PATH_MARKERS).
+    model, replicas = model_name_and_replicas(model_file)
     base = state_dir or Path(tempfile.mkdtemp(prefix="gsd-demo-"))
     keep = state_dir is not None
     password = "dspark-" + secrets.token_hex(4)
@@ -103,15 +104,15 @@ def run_demo(port: int, replicas: int, state_dir: Optional[Path], stop: threadin
              f"{_feature_line(status)}")
         _say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
              f"image {stack.image}")
-        _say(f"[demo] deploying {SERVED_NAME} with {replicas} replicas (RUNNING once warm)")
-        stack.deploy(replicas=replicas, timeout_s=1500)  # minutes on a busy 2-core machine
-        _say("[demo] benchmark: " + json.dumps(benchmark(stack)))
+        _say(f"[demo] gpustack-dspark apply -f {model_file}: {model}, {replicas} replicas (RUNNING once warm)")
+        stack.deploy(model_file, timeout_s=1500)  # minutes on a busy 2-core machine
+        _say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
         _say(f"[demo] phases (s): {json.dumps(stack.phases)}")
         _say(f"GPUStack UI: {stack.server.url}/")
         _say(f"Admin login: {ADMIN_USER} / {password}")
         _say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
         _say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
-             f"-H 'content-type: application/json' -d '{{\"model\": \"{SERVED_NAME}\", "
+             f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
              f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order\"}}]}}'")
         _say("[demo] serving; press Ctrl-C to stop and clean up")
         while not stop.wait(1.0):
@@ -135,18 +136,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpustack_dspark.devstack demo",
                                      description="Run GPUStack with DSpark replicas in containers on this machine.")
     parser.add_argument("--port", type=int, default=9180, help="GPUStack API/UI port on 127.0.0.1 (default 9180)")
-    parser.add_argument("--replicas", type=int, default=2, help="replicas of the demo model (default 2)")
+    parser.add_argument("--model-file", type=Path, default=DEMO_MODEL_FILE,
+                        help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(DEMO_MODEL_FILE.parents[2])})")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep state here instead of a temporary folder removed on exit")
     args = parser.parse_args(argv)
-    if args.replicas < 1:
-        parser.error(f"--replicas: {args.replicas} is not allowed; give 1 or more")
+    try:
+        model_name_and_replicas(args.model_file)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        parser.error(f"--model-file: {e}")
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        return run_demo(args.port, args.replicas, args.state_dir, stop)
+        return run_demo(args.port, args.model_file, args.state_dir, stop)
     except Exception as e:  # a clear line, not a traceback, for setup problems
         print(f"[demo] failed: {e}", file=sys.stderr, flush=True)
         return 1

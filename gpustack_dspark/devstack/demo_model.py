@@ -1,76 +1,48 @@
-"""The CPU demo model: the tiny fixture served by DSpark replicas in containers.
-
-`create_demo_model` is the one place that creates it (through GPUStack's REST API); it is
-meant to become `gpustack-dspark apply -f deploy/models/cpu-demo.yaml` with the same fields.
-"""
+"""The model the container path deploys: a model YAML applied with `gpustack-dspark apply`,
+the command a user runs (default `deploy/models/cpu-demo.yaml`: the tiny order-JSON fixture,
+2 replicas, the CPU image)."""
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import List, Tuple
 
-from gpustack_dspark import backend
-from gpustack_dspark.devstack.api import GPUStackAPI
-from gpustack_dspark.devstack.replica import CPU_VLLM_ARGS, DRAFT_MODEL, SERVED_NAME, TARGET_MODEL
+import yaml
 
-WARMUP_REQUESTS = 8
-# vLLM 0.32 picks the speculative method from the draft checkpoint's *path* when these occur
-# in it (SpeculativeConfig: "dspark" in the path -> method dspark, GPU-only), overriding
-# method=draft_model: found when a temp folder named dspark-* made the replicas fail on CPU.
-VLLM_PATH_MARKERS = ("dspark", "eagle-", "eagle3", "dflash")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEMO_MODEL_FILE = REPO_ROOT / "deploy" / "models" / "cpu-demo.yaml"
 
 
-def equal_form(argv) -> List[str]:
-    """`--flag value` argv in the backend's `--flag=value` parameter format."""
-    out: List[str] = []
-    for arg in argv:
-        if arg.startswith("--") or not out:
-            out.append(arg)
-        else:
-            out[-1] += "=" + arg
-    return out
+def model_name_and_replicas(path: Path) -> Tuple[str, int]:
+    """The one model a demo file declares: its name and replica count (GPUStack's default 1)."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    if len(docs) != 1 or not isinstance(docs[0], dict) or not docs[0].get("name"):
+        raise ValueError(f"{path}: the demo deploys one model; give a file with one document that has a name")
+    return str(docs[0]["name"]), int(docs[0].get("replicas", 1))
 
 
-def stage_model_dir(dest: Path) -> Path:
-    """Copy the fixture target + draft into a folder of their own.
-
-    GPUStack bind-mounts the model path's *parent* read-write into a privileged container,
-    so the model gets its own parent (never the checkout's fixtures/); the draft sits beside
-    it and is visible in the container at the same path.
-    """
-    marker = next((m for m in VLLM_PATH_MARKERS if m in str(dest.resolve()).lower()), None)
-    if marker:
-        raise ValueError(f"model folder {dest}: vLLM would take the {marker!r} in this path as the "
-                         f"speculative method of the draft model; use a folder whose path has none of "
-                         f"{', '.join(VLLM_PATH_MARKERS)}")
-    dest.mkdir(parents=True, exist_ok=True)
-    for source in (TARGET_MODEL, DRAFT_MODEL):
-        if not (dest / source.name).exists():
-            shutil.copytree(source, dest / source.name)
-    return dest / TARGET_MODEL.name
+def cli_command() -> List[str]:
+    """`gpustack-dspark` from this interpreter's environment (the console script when installed)."""
+    script = Path(sys.executable).parent / "gpustack-dspark"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("gpustack-dspark")
+    return [found] if found else [sys.executable, "-m", "gpustack_dspark.cli.main"]
 
 
-def demo_model_body(model_path: Path, cluster_id: int, replicas: int = 2,
-                    name: str = SERVED_NAME) -> Dict[str, Any]:
-    params: List[str] = [
-        "--enable-dspark", "--dspark-grammar-mode=json", "--dspark-method=auto",
-        f"--dspark-draft-model={model_path.parent / DRAFT_MODEL.name}",
-        f"--dspark-warmup-requests={WARMUP_REQUESTS}",
-        *equal_form(CPU_VLLM_ARGS),  # the fast, stable 2-core vLLM layout
-    ]
-    return {
-        "name": name,
-        "source": "local_path",
-        "local_path": str(model_path),
-        "backend": backend.BACKEND_NAME,
-        "backend_version": backend.CPU_VERSION,
-        "backend_parameters": params,
-        "replicas": replicas,
-        "cluster_id": cluster_id,
-        "cpu_offloading": True,          # CPU worker: else "requires ~N GiB VRAM", pending
-        "enable_model_route": True,      # routable under /v1 by its name
-    }
+def apply_argv(path: Path, server_url: str, api_key: str) -> List[str]:
+    # --no-wait: the stack watches the replicas itself (it records every state on the way).
+    return [*cli_command(), "apply", "-f", str(path), "--no-wait", "--server", server_url, "--api-key", api_key]
 
 
-def create_demo_model(api: GPUStackAPI, model_path: Path, cluster_id: int, replicas: int = 2,
-                      name: str = SERVED_NAME) -> Dict[str, Any]:
-    return api.post("/v2/models", demo_model_body(model_path, cluster_id, replicas, name))
+def apply_model_file(path: Path, server_url: str, api_key: str, log_path: Path, timeout_s: float = 300) -> str:
+    """`gpustack-dspark apply -f PATH`; returns what it printed, raises with it on failure."""
+    result = subprocess.run(apply_argv(path, server_url, api_key), capture_output=True, text=True,
+                            timeout=timeout_s)
+    output = result.stdout + result.stderr
+    with open(log_path, "a") as log:
+        log.write(output)
+    if result.returncode != 0:
+        raise RuntimeError(f"gpustack-dspark apply -f {path} failed (exit {result.returncode}):\n{output[-3000:]}")
+    return output

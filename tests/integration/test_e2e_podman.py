@@ -57,12 +57,11 @@ def _body(i: int) -> Dict:
 @pytest.fixture(scope="module")
 def stack():
     # Short path: the Podman API socket lives here (unix socket paths are limited to 108 bytes).
-    # (No "dspark" in it: see demo_model.VLLM_PATH_MARKERS.)
     base = Path(tempfile.mkdtemp(prefix="gsd-e2e-"))
     s = ContainerStack(base, say=print)
     try:
         s.start_platform()
-        s.deploy(replicas=2, timeout_s=900)
+        s.deploy(timeout_s=900)  # gpustack-dspark apply -f deploy/models/cpu-demo.yaml
         yield s
     finally:
         problems = s.stop()

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from gpustack_dspark import backend
-from gpustack_dspark.devstack.demo_model import demo_model_body, equal_form
+import pytest
+
+from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_argv, model_name_and_replicas
 from gpustack_dspark.devstack.podman import CONMON_NPROC, HostFacts, containers_conf, plan_fixes, storage_conf
 
 NORMAL = HostFacts(is_root=True, has_sys_resource=True, cgroup_hybrid=False, nofile_hard=1048576,
@@ -45,23 +46,19 @@ def test_storage_conf_names_the_private_store():
     assert 'graphroot = "/s/storage"' in text and 'runroot = "/s/run"' in text
 
 
-def test_demo_model_fields():
-    assert equal_form(["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024"]) == [
-        "--enforce-eager", "--dtype=float32", "--max-model-len=1024"]
-    body = demo_model_body(Path("/m/tiny-order/tiny-order-llama"), cluster_id=3)
-    assert body["backend"] == backend.BACKEND_NAME and body["backend_version"] == backend.CPU_VERSION
-    assert body["replicas"] == 2 and body["cpu_offloading"] and body["enable_model_route"]
-    assert "--dspark-draft-model=/m/tiny-order/tiny-order-draft" in body["backend_parameters"]
-    assert "--enable-dspark" in body["backend_parameters"]
+def test_the_demo_deploys_the_cpu_demo_file_with_the_cli():
+    assert model_name_and_replicas(DEMO_MODEL_FILE) == ("tiny-order", 2)
+    argv = apply_argv(DEMO_MODEL_FILE, "http://127.0.0.1:9180", "key-1")
+    assert argv[-8:] == ["apply", "-f", str(DEMO_MODEL_FILE), "--no-wait", "--server", "http://127.0.0.1:9180",
+                         "--api-key", "key-1"]
+    assert Path(argv[0]).name == "gpustack-dspark" or argv[-9:-8] == ["gpustack_dspark.cli.main"]
 
 
-def test_a_model_folder_vllm_would_misread_is_refused(tmp_path):
-    import pytest
-
-    from gpustack_dspark.devstack.demo_model import stage_model_dir
-
-    with pytest.raises(ValueError, match="'dspark' in this path"):
-        stage_model_dir(tmp_path / "dspark-demo" / "m")
+def test_a_demo_file_with_more_than_one_model_is_refused(tmp_path):
+    two = tmp_path / "two.yaml"
+    two.write_text("name: a\n---\nname: b\n")
+    with pytest.raises(ValueError, match="one document that has a name"):
+        model_name_and_replicas(two)
 
 
 def test_a_run_store_reads_images_from_the_machine_store():
