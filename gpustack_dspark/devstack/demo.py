@@ -18,26 +18,18 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import httpx
 import yaml
 
-from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
+from gpustack_dspark.bench import report, workloads
+from gpustack_dspark.bench.load import json_check
+from gpustack_dspark.bench.runner import Settings, run_target
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, model_name_and_replicas
 from gpustack_dspark.devstack.server import ADMIN_USER
 
 BENCH_REQUESTS = 32
 BENCH_CONCURRENCY = 4
-# The order records the tiny fixture model was trained on.
-BENCH_SCHEMA = {
-    "type": "object",
-    "properties": {"order_id": {"type": "integer"}, "user": {"type": "string", "maxLength": 20},
-                   "items": {"type": "array", "maxItems": 3, "items": {
-                       "type": "object", "properties": {"sku": {"type": "string", "maxLength": 12},
-                                                        "qty": {"type": "integer"}},
-                       "required": ["sku", "qty"], "additionalProperties": False}}},
-    "required": ["order_id", "user", "items"], "additionalProperties": False,
-}
+BENCH_MAX_TOKENS = 160
 
 
 def _say(message: str) -> None:
@@ -51,37 +43,27 @@ def _feature_line(status: dict) -> str:
     return ", ".join(parts)
 
 
-def _spec_totals(stack: ContainerStack) -> Dict[str, float]:
-    totals: Dict[str, float] = {}
-    for inst in stack.instances():
-        try:
-            text = httpx.get(f"{replica_url(inst)}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            continue
-        for key, value in spec_counters(text).items():
-            totals[key] = totals.get(key, 0.0) + value
-    return totals
+def bench_summary(figures: Dict[str, Any]) -> Dict[str, Any]:
+    """`gpustack-dspark bench`'s figures for one target, as the demo's one-line summary."""
+    return {key: figures[name] for key, name in (
+        ("requests", "requests"), ("failed", "failed"), ("tok_per_s", "output_tok_s"), ("p50_s", "latency_p50_s"),
+        ("p99_s", "latency_p99_s"), ("acceptance_rate", "acceptance_rate"),
+        ("tokens_per_forward", "tokens_per_forward"), ("format_errors", "format_errors"))}
 
 
 def benchmark(stack: ContainerStack, model: str, requests: int = BENCH_REQUESTS,
               concurrency: int = BENCH_CONCURRENCY) -> Dict[str, Any]:
-    """A short JSON-schema load through GPUStack's /v1; one summary dict (pure figures)."""
+    """The built-in order-JSON workload of `gpustack-dspark bench` through GPUStack's /v1, with
+    vLLM's speculative counters read from every replica's /metrics."""
     import jsonschema
 
-    bodies: List[Dict[str, Any]] = [
-        {"model": model, "max_tokens": 160, "temperature": 0,
-         "messages": [{"role": "user", "content": f"Create an order record for user {500 + i}."}],
-         "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": BENCH_SCHEMA}}}
-        for i in range(requests)]
-    before = _spec_totals(stack)
-    stats = asyncio.run(run_load(stack.server.url, bodies, concurrency,
-                                 check=json_check(lambda v: jsonschema.validate(v, BENCH_SCHEMA)),
-                                 api_key=stack.api.api_key))
-    accepted = acceptance(before, _spec_totals(stack))
-    return {"requests": len(stats.results), "ok": len(stats.ok), "tok_per_s": round(stats.tokens_per_s, 1),
-            "p50_s": round(stats.latency_percentile(50), 3), "p99_s": round(stats.latency_percentile(99), 3),
-            "acceptance_rate": round(accepted["acceptance_rate"], 3),
-            "format_errors": stats.format_errors, "concurrency": concurrency}
+    settings = Settings(concurrency=concurrency, requests=requests, duration_s=None, stream=False, warmup=0,
+                        timeout_s=180, body=lambda i, name: workloads.order_body(i, BENCH_MAX_TOKENS, 0.0, name),
+                        check=json_check(jsonschema.Draft202012Validator(workloads.ORDER_SCHEMA).validate),
+                        api_key=stack.api.api_key)
+    metrics = [f"{replica_url(inst)}/metrics" for inst in stack.instances()]
+    run = asyncio.run(run_target(stack.server.url, model, settings, metrics))
+    return {**bench_summary(report.figures(run)), "concurrency": concurrency}
 
 
 def run_demo(port: int, model_file: Path, state_dir: Optional[Path], stop: threading.Event) -> int:

@@ -60,8 +60,9 @@ def test_demo_serves_warm_replicas_behind_the_ui_and_stops_cleanly_on_ctrl_c():
         state_dir = Path(_read_until(proc, r"\[demo\] state in (\S+)", 30, seen).group(1))
         # Cold image build included: bounded generously, the cached path takes ~2 minutes.
         summary = json.loads(_read_until(proc, r"\[demo\] benchmark: (\{.*\})", 1800, seen).group(1))
-        assert summary["ok"] == summary["requests"] > 0 and summary["format_errors"] == 0, summary
+        assert summary["failed"] == 0 and summary["requests"] > 0 and summary["format_errors"] == 0, summary
         assert summary["tok_per_s"] > 0 and summary["p99_s"] > 0, summary
+        assert 0 < summary["acceptance_rate"] <= 1 and summary["tokens_per_forward"] > 1, summary
         url = _read_until(proc, r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 10, seen).group(1)
         user, password = _read_until(proc, r"Admin login: (\S+) / (\S+)", 10, seen).groups()
         _read_until(proc, r"press Ctrl-C", 10, seen)

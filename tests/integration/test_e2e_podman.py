@@ -21,8 +21,8 @@ import httpx
 import jsonschema
 import pytest
 
+from gpustack_dspark.bench import workloads
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
-from gpustack_dspark.devstack.replica import SERVED_NAME
 from tests.conftest import dspark_status, wait_for
 
 # The module's first test carries the stack's start: a cold image build on a fresh machine
@@ -32,26 +32,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700)]
 # GPUStack 2.3's instance states in the order a fresh replica goes through them.
 STATE_ORDER = ["pending", "analyzing", "scheduled", "initializing", "downloading", "starting", "running"]
 
-ORDER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "order_id": {"type": "integer"},
-        "user": {"type": "string", "maxLength": 20},
-        "items": {"type": "array", "maxItems": 3, "items": {
-            "type": "object",
-            "properties": {"sku": {"type": "string", "maxLength": 12}, "qty": {"type": "integer"}},
-            "required": ["sku", "qty"], "additionalProperties": False}},
-    },
-    "required": ["order_id", "user", "items"],
-    "additionalProperties": False,
-}
+ORDER_SCHEMA = workloads.ORDER_SCHEMA  # the order records the fixture model learnt
 
 
-def _body(i: int) -> Dict:
-    return {"model": SERVED_NAME, "max_tokens": 160, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Create an order record for user {300 + i}."}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}}
+def _body(s: ContainerStack, i: int) -> Dict:
+    return workloads.order_body(300 + i, max_tokens=160, temperature=0.0, model=s.model["name"])
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +106,7 @@ def test_json_through_gpustack_is_valid_and_spread_least_connections(stack):
     s = stack
     before = _served(s)
     with ThreadPoolExecutor(4) as pool:
-        responses = list(pool.map(lambda i: _post(s, _body(i)), range(16)))
+        responses = list(pool.map(lambda i: _post(s, _body(s, i)), range(16)))
     assert [r.status_code for r in responses] == [200] * 16, [r.text[:200] for r in responses if r.status_code != 200]
     for r in responses:
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
@@ -145,7 +130,7 @@ def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(s
 
     def load():
         with ThreadPoolExecutor(4) as pool:
-            results.extend(pool.map(lambda i: _post(s, _body(i)), range(48)))
+            results.extend(pool.map(lambda i: _post(s, _body(s, i)), range(48)))
         done.set()
 
     baseline = sum(_served(s).values())
@@ -175,7 +160,7 @@ def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(s
 
     before = _served(s)
     with ThreadPoolExecutor(4) as pool:
-        again = list(pool.map(lambda i: _post(s, _body(i)), range(12)))
+        again = list(pool.map(lambda i: _post(s, _body(s, i)), range(12)))
     assert [r.status_code for r in again] == [200] * 12
     after = _served(s)
     assert after[victim["id"]] - before.get(victim["id"], 0) >= 3, (before, after)  # takes traffic again

@@ -2,9 +2,6 @@
 
 from pathlib import Path
 
-import pytest
-
-from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_argv, model_name_and_replicas
 from gpustack_dspark.devstack.podman import CONMON_NPROC, HostFacts, containers_conf, plan_fixes, storage_conf
 
 NORMAL = HostFacts(is_root=True, has_sys_resource=True, cgroup_hybrid=False, nofile_hard=1048576,
@@ -44,21 +41,6 @@ def test_low_hard_limits_are_kept():
 def test_storage_conf_names_the_private_store():
     text = storage_conf(Path("/s/storage"), Path("/s/run"))
     assert 'graphroot = "/s/storage"' in text and 'runroot = "/s/run"' in text
-
-
-def test_the_demo_deploys_the_cpu_demo_file_with_the_cli():
-    assert model_name_and_replicas(DEMO_MODEL_FILE) == ("tiny-order", 2)
-    argv = apply_argv(DEMO_MODEL_FILE, "http://127.0.0.1:9180", "key-1")
-    assert argv[-8:] == ["apply", "-f", str(DEMO_MODEL_FILE), "--no-wait", "--server", "http://127.0.0.1:9180",
-                         "--api-key", "key-1"]
-    assert Path(argv[0]).name == "gpustack-dspark" or argv[-9:-8] == ["gpustack_dspark.cli.main"]
-
-
-def test_a_demo_file_with_more_than_one_model_is_refused(tmp_path):
-    two = tmp_path / "two.yaml"
-    two.write_text("name: a\n---\nname: b\n")
-    with pytest.raises(ValueError, match="one document that has a name"):
-        model_name_and_replicas(two)
 
 
 def test_a_run_store_reads_images_from_the_machine_store():

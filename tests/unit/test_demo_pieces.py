@@ -1,0 +1,37 @@
+"""The demo's pure pieces: which model file it applies and how, and its benchmark line."""
+
+from pathlib import Path
+
+import pytest
+
+from gpustack_dspark.bench import report
+from gpustack_dspark.bench.load import Result, RunStats
+from gpustack_dspark.bench.runner import TargetRun
+from gpustack_dspark.devstack.demo import bench_summary
+from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_argv, model_name_and_replicas
+
+
+def test_the_demo_deploys_the_cpu_demo_file_with_the_cli():
+    assert model_name_and_replicas(DEMO_MODEL_FILE) == ("tiny-order", 2)
+    argv = apply_argv(DEMO_MODEL_FILE, "http://127.0.0.1:9180", "key-1")
+    assert argv[-8:] == ["apply", "-f", str(DEMO_MODEL_FILE), "--no-wait", "--server", "http://127.0.0.1:9180",
+                         "--api-key", "key-1"]
+    assert Path(argv[0]).name == "gpustack-dspark" or argv[-9:-8] == ["gpustack_dspark.cli.main"]
+
+
+def test_a_demo_file_with_more_than_one_model_is_refused(tmp_path):
+    two = tmp_path / "two.yaml"
+    two.write_text("name: a\n---\nname: b\n")
+    with pytest.raises(ValueError, match="one document that has a name"):
+        model_name_and_replicas(two)
+
+
+def test_the_benchmark_line_carries_the_bench_figures():
+    stats = RunStats(2.0, [Result(0.5, 200, 40, '{"a": 1}'), Result(1.5, 200, 60, "{"), Result(0.1, 502, error="x")])
+    stats.format_errors = 1
+    run = TargetRun("http://127.0.0.1:1", "tiny-order", stats,
+                    spec={"acceptance_rate": 0.8, "tokens_per_verify": 3.5, "drafted": 10, "accepted": 8})
+    line = bench_summary(report.figures(run))
+    assert line["requests"] == 3 and line["failed"] == 1 and line["format_errors"] == 1
+    assert line["tok_per_s"] == 50.0 and line["acceptance_rate"] == 0.8 and line["tokens_per_forward"] == 3.5
+    assert 0.5 <= line["p50_s"] <= line["p99_s"] <= 1.5
