@@ -45,10 +45,13 @@ def _feature_line(status: dict) -> str:
 
 def bench_summary(figures: Dict[str, Any]) -> Dict[str, Any]:
     """`gpustack-dspark bench`'s figures for one target, as the demo's one-line summary."""
-    return {key: figures[name] for key, name in (
-        ("requests", "requests"), ("failed", "failed"), ("tok_per_s", "output_tok_s"), ("p50_s", "latency_p50_s"),
-        ("p99_s", "latency_p99_s"), ("acceptance_rate", "acceptance_rate"),
-        ("tokens_per_forward", "tokens_per_forward"), ("format_errors", "format_errors"))}
+    def rounded(value: Any, digits: int) -> Any:
+        return round(value, digits) if isinstance(value, float) else value
+
+    return {key: rounded(figures[name], digits) for key, name, digits in (
+        ("requests", "requests", 0), ("failed", "failed", 0), ("tok_per_s", "output_tok_s", 1),
+        ("p50_s", "latency_p50_s", 3), ("p99_s", "latency_p99_s", 3), ("acceptance_rate", "acceptance_rate", 3),
+        ("tokens_per_forward", "tokens_per_forward", 2), ("format_errors", "format_errors", 0))}
 
 
 def benchmark(stack: ContainerStack, model: str, requests: int = BENCH_REQUESTS,
@@ -95,7 +98,7 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], stop: threa
         _say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
         _say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
              f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
-             f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order\"}}]}}'")
+             f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
         _say("[demo] serving; press Ctrl-C to stop and clean up")
         while not stop.wait(1.0):
             for proc in (stack.server.process, stack.worker.process, stack.service.process):
