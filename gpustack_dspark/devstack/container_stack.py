@@ -5,6 +5,7 @@ with Podman -> the demo model's replicas, RUNNING once warm. Loopback only: GPUS
 processes bind 127.0.0.1 (devstack/loopback), replicas use host networking on {{worker_ip}}.
 """
 
+import json
 import os
 import subprocess
 import threading
@@ -19,11 +20,11 @@ from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
+from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range, join_cpu_worker
 from gpustack_dspark.settings import PluginSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "backend_images" / "build-local.sh"
 RUNNING = "running"
 
@@ -208,8 +209,6 @@ class ContainerStack:
         out = self.run_podman.run("ps", "-a", "--format", "json", check=False)
         if out.returncode != 0 or not out.stdout.strip():
             return []
-        import json
-
         names = self._instance_names()
         return [c for c in json.loads(out.stdout)
                 if any(n.startswith(tuple(names)) for n in c.get("Names", []))] if names else []
@@ -225,9 +224,7 @@ class ContainerStack:
         t = time.monotonic()
         self.api.client.delete(f"/v2/models/{self.model['id']}")
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.containers():
-                break
+        while time.monotonic() < deadline and self._containers_named(names):
             time.sleep(0.5)
         if self.watch is not None:
             self.watch.stop()

@@ -25,6 +25,7 @@ from gpustack_dspark.bench.load import json_check
 from gpustack_dspark.bench.runner import Settings, run_target
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, model_name_and_replicas
+from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import ADMIN_USER
 
 BENCH_REQUESTS = 32
@@ -122,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      description="Run GPUStack with DSpark replicas in containers on this machine.")
     parser.add_argument("--port", type=int, default=9180, help="GPUStack API/UI port on 127.0.0.1 (default 9180)")
     parser.add_argument("--model-file", type=Path, default=DEMO_MODEL_FILE,
-                        help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(DEMO_MODEL_FILE.parents[2])})")
+                        help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(REPO_ROOT)})")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep state here instead of a temporary folder removed on exit")
     args = parser.parse_args(argv)

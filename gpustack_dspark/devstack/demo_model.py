@@ -10,7 +10,8 @@ from typing import List, Tuple
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from gpustack_dspark.devstack.replica import REPO_ROOT
+
 DEMO_MODEL_FILE = REPO_ROOT / "deploy" / "models" / "cpu-demo.yaml"
 
 

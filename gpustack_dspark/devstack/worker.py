@@ -1,5 +1,7 @@
 """A real GPUStack CPU worker joined to a devstack server, on loopback."""
 
+import random
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -63,9 +65,6 @@ class GPUStackWorker:
 
 def free_port_range(size: int = 64, low: int = 41000, high: int = 60000) -> str:
     """A block of `size` ports on 127.0.0.1 that are free now, e.g. "41664-41727"."""
-    import random
-    import socket
-
     starts = list(range(low, high - size, size))
     random.shuffle(starts)
     for start in starts:
