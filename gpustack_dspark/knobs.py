@@ -3,7 +3,7 @@
 Everything else derives from this table: the backend's deploy-form hints (backend.py), the
 worker launcher (translate.py, worker/), and the model YAML. Flags and YAML share the parsers
 here, so a bad value gets the same message wherever it was written.
-This module imports nothing of ours and does no I/O.
+This module imports only `bounded` (a leaf: bounded JSON) of ours and does no I/O.
 """
 
 import difflib
@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from gpustack_dspark import bounded
 
 METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
@@ -100,10 +102,10 @@ def _schema_source(where: str, raw: Any) -> str:
     value = _text("a JSON Schema: inline JSON object or a file path")(where, raw)
     if value.startswith(("{", "[")):
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
+            parsed = bounded.loads_json(value, bounded.SCHEMA)
+        except bounded.BoundedError as e:
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
-                            f"not valid JSON: {e.msg} at char {e.pos}") from None
+                            e.problem) from None
         if not isinstance(parsed, dict):
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
                             "a schema must be a JSON object")
