@@ -252,6 +252,51 @@ def split_knob_args(argv: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
     return raw, rest
 
 
+@dataclass(frozen=True)
+class KnobToken:
+    """One DSpark flag found in an argv: `key` is the knob name (or the flag itself when it is
+    not a DSpark flag we know), `raw` the value as written, `error` what is wrong with it."""
+    key: str
+    flag: str
+    raw: Optional[str]
+    error: Optional[KnobError]
+
+
+def scan_knob_tokens(argv: Sequence[str]) -> List[KnobToken]:
+    """Every DSpark flag of `argv` with its own verdict, as `dspark-serve` would judge it
+    (the same parsers and messages); other arguments are skipped. Never raises."""
+    found: List[KnobToken] = []
+    i = 0
+    while i < len(argv):
+        token = str(argv[i])
+        name, eq, inline = token.partition("=")
+        i += 1
+        if name != ENABLE_FLAG and not name.startswith(KNOB_FLAG_PREFIX):
+            continue
+        knob = KNOBS_BY_FLAG.get(name)
+        if knob is None:
+            found.append(KnobToken(name, name, inline if eq else None, unknown_flag_error(name)))
+            continue
+        if eq:
+            raw: Optional[str] = inline
+        elif knob.is_switch:
+            raw = ""
+        elif i < len(argv):
+            raw = str(argv[i])
+            i += 1
+        else:
+            found.append(KnobToken(knob.name, name, None, KnobError(knob.flag, "", knob.allowed,
+                                                                   "the flag needs a value")))
+            continue
+        try:
+            knob.parse(knob.flag, raw)
+            error = None
+        except KnobError as e:
+            error = e
+        found.append(KnobToken(knob.name, name, raw, error))
+    return found
+
+
 def build_knobs(raw: Dict[str, Any], where: Callable[[Knob], str] = lambda k: k.flag) -> DSparkKnobs:
     """Validate raw values (from flags or YAML) into DSparkKnobs; `where` names the source."""
     values: Dict[str, Any] = {}
