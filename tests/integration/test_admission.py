@@ -129,11 +129,19 @@ BAD_PARAMS = [
 
 
 @pytest.mark.parametrize("params, needles", BAD_PARAMS, ids=[p[0][0][:40] for p in BAD_PARAMS])
-def test_create_refuses_bad_knobs_and_writes_nothing(stack, params, needles):
+def test_create_refuses_bad_knobs_and_writes_nothing(stack, params, needles, capsys):
+    from gpustack.utils.command import flatten_to_argv
+
     before = database(stack)  # nothing is written in this module before these run
-    refused(stack["client"].post("/v2/models", json=spec(stack, "bad-create", ["--enable-dspark", *params])),
-            "DSpark backend parameters", *needles)
+    message = refused(stack["client"].post("/v2/models", json=spec(stack, "bad-create", ["--enable-dspark", *params])),
+                      "DSpark backend parameters", *needles)
     assert database(stack) == before
+    # dspark-serve, given the argv GPUStack's worker would run, exits 2 with the same line.
+    with pytest.raises(SystemExit) as exit_:
+        dspark_serve([stack["folder"], "--print-vllm-args", "--enable-dspark", *flatten_to_argv(params)])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("dspark-serve: error: ") and line.removeprefix("dspark-serve: error: ") in message
 
 
 def test_the_deploy_form_check_shows_the_message(stack):
