@@ -47,6 +47,29 @@ def _params(function) -> List[str]:
     return list(inspect.signature(function).parameters)
 
 
+def _target(module_name: str, attr: str, expected: Optional[List[str]]):
+    """(module, the current attribute, None) or (None, None, why it cannot be patched).
+    An attribute already patched comes back as (module, it, PatchResult(True))."""
+    import importlib
+
+    version = check_gpustack()
+    if not version.ok:
+        return None, None, PatchResult(False, version.reason)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        return None, None, PatchResult(False, f"{module_name} is not importable: {e}")
+    current = getattr(module, attr, None)
+    if current is None:
+        return None, None, PatchResult(False, f"{module_name}.{attr} is missing")
+    if getattr(current, _PATCH_MARK, False):
+        return module, current, PatchResult(True)
+    function = current.update if isinstance(current, type) else current
+    if expected is not None and _params(function) != expected:
+        return None, None, PatchResult(False, f"{module_name}.{attr} takes {_params(function)}, expected {expected}")
+    return module, current, None
+
+
 # --- 1. the knob check in validate_model_in ----------------------------------------------
 
 def _judge(model_in: Any, stored: Any) -> Optional[str]:
@@ -87,26 +110,17 @@ def _wrap_validate(original):
 
 
 def refuse_bad_knobs() -> PatchResult:
-    version = check_gpustack()
-    if not version.ok:
-        return PatchResult(False, version.reason)
-    try:
-        from gpustack.routes import models as model_routes
-        from gpustack.scheduler import evaluator
-        from gpustack.utils import command
-    except ImportError as e:
-        return PatchResult(False, f"GPUStack's model routes are not importable: {e}")
-    original = getattr(model_routes, "validate_model_in", None)
-    if original is None or getattr(evaluator, "validate_model_in", None) is None:
-        return PatchResult(False, "gpustack validate_model_in is missing")
-    if not callable(getattr(command, "flatten_to_argv", None)):
-        return PatchResult(False, "gpustack.utils.command.flatten_to_argv is missing")
-    if getattr(original, _PATCH_MARK, False):
-        return PatchResult(True)
-    if evaluator.validate_model_in is not original:
+    model_routes, original, done = _target("gpustack.routes.models", "validate_model_in", EXPECTED_VALIDATE_PARAMS)
+    if done is not None:
+        return done
+    evaluator, bound, done = _target("gpustack.scheduler.evaluator", "validate_model_in", None)
+    if done is not None:
+        return done
+    if bound is not original:
         return PatchResult(False, "gpustack.scheduler.evaluator.validate_model_in is not the routes' function")
-    if _params(original) != EXPECTED_VALIDATE_PARAMS:
-        return PatchResult(False, f"validate_model_in takes {_params(original)}, expected {EXPECTED_VALIDATE_PARAMS}")
+    _, _, done = _target("gpustack.utils.command", "flatten_to_argv", ["parameters"])
+    if done is not None and not done.applied:
+        return done
     wrapped = _wrap_validate(original)
     model_routes.validate_model_in = wrapped
     evaluator.validate_model_in = wrapped
@@ -135,20 +149,9 @@ def _wrap_load_deployments(original):
 
 
 def bound_import_documents() -> PatchResult:
-    version = check_gpustack()
-    if not version.ok:
-        return PatchResult(False, version.reason)
-    try:
-        from gpustack.routes import models as model_routes
-    except ImportError as e:
-        return PatchResult(False, f"GPUStack's model routes are not importable: {e}")
-    original = getattr(model_routes, "load_deployments", None)
-    if original is None:
-        return PatchResult(False, "gpustack.routes.models.load_deployments is missing")
-    if getattr(original, _PATCH_MARK, False):
-        return PatchResult(True)
-    if _params(original) != ["text"]:
-        return PatchResult(False, f"load_deployments takes {_params(original)}, expected ['text']")
+    model_routes, original, done = _target("gpustack.routes.models", "load_deployments", ["text"])
+    if done is not None:
+        return done
     model_routes.load_deployments = _wrap_load_deployments(original)
     return PatchResult(True)
 
@@ -277,25 +280,11 @@ def _service_class(base, app, build_params):
 
 
 def explain_start_failures(app) -> PatchResult:
-    version = check_gpustack()
-    if not version.ok:
-        return PatchResult(False, version.reason)
-    try:
-        from gpustack.routes import model_instances as instance_routes
-    except ImportError as e:
-        return PatchResult(False, f"GPUStack's model instance routes are not importable: {e}")
-    base = getattr(instance_routes, "ModelInstanceService", None)
-    build_params = getattr(instance_routes, "_build_serve_log_params", None)
-    if base is None or build_params is None:
-        return PatchResult(False, "gpustack.routes.model_instances lacks ModelInstanceService or "
-                                  "_build_serve_log_params")
-    if getattr(base, _PATCH_MARK, False):
-        return PatchResult(True)
-    if _params(base.update) != EXPECTED_UPDATE_PARAMS:
-        return PatchResult(False, f"ModelInstanceService.update takes {_params(base.update)}, "
-                                  f"expected {EXPECTED_UPDATE_PARAMS}")
-    if _params(build_params) != EXPECTED_LOG_PARAMS:
-        return PatchResult(False, f"_build_serve_log_params takes {_params(build_params)}, "
-                                  f"expected {EXPECTED_LOG_PARAMS}")
-    instance_routes.ModelInstanceService = _service_class(base, app, build_params)
+    routes, base, done = _target("gpustack.routes.model_instances", "ModelInstanceService", EXPECTED_UPDATE_PARAMS)
+    if done is not None:
+        return done
+    _, build_params, done = _target("gpustack.routes.model_instances", "_build_serve_log_params", EXPECTED_LOG_PARAMS)
+    if done is not None:
+        return done
+    routes.ModelInstanceService = _service_class(base, app, build_params)
     return PatchResult(True)
