@@ -91,6 +91,16 @@ def _judge(model_in: Any, stored: Any) -> Optional[str]:
     return check.refusal_message(errors) if errors else None
 
 
+# What a replica is started from: a change to any of these is worth another try.
+START_FIELDS = ("backend_parameters", "env", "backend_version", "image_name", "run_command", "local_path",
+                "huggingface_repo_id", "huggingface_filename", "model_scope_model_id", "model_scope_file_path")
+
+
+def _spec_changed(model_in: Any, stored: Any) -> bool:
+    fields_set = getattr(model_in, "model_fields_set", None) or set(START_FIELDS)
+    return any(getattr(model_in, f, None) != getattr(stored, f, None) for f in START_FIELDS if f in fields_set)
+
+
 def _wrap_validate(original):
     from gpustack.api.exceptions import BadRequestException
 
@@ -102,7 +112,11 @@ def _wrap_validate(original):
             message = None
         if message:
             raise BadRequestException(message=message)
-        return await original(session, model_in, cluster_id=cluster_id, stored=stored)
+        result = await original(session, model_in, cluster_id=cluster_id, stored=stored)
+        if stored is not None and _held_release is not None and getattr(model_in, "backend", None) == BACKEND_NAME \
+                and _spec_changed(model_in, stored):
+            _spawn(_held_release(stored.id))  # once the change is committed, held replicas try again
+        return result
 
     validate_model_in.__wrapped__ = original
     setattr(validate_model_in, _PATCH_MARK, True)
@@ -184,6 +198,7 @@ async def _read_log_tail(app, session, instance, build_params) -> str:
 
 
 _background: set = set()
+_held_release = None  # set when the start-failure feature is on: model id -> coroutine
 
 
 def _spawn(coroutine) -> None:
@@ -263,15 +278,11 @@ def _service_class(base, app, build_params):
                     not start_failure.is_held_message(new_message):
                 source.state_message = instance.state_message  # a stale whole-object write keeps the reason
                 return False
-            if stored_state == "error" and new_state != "error":
-                from gpustack.schemas.models import Model
-
-                model = await Model.one_by_id(self.session, instance.model_id)
-                if start_failure.hold_restart(stored_state, instance.state_message, new_state,
-                                              getattr(instance, "updated_at", None),
-                                              getattr(model, "updated_at", None)):
-                    logger.info("DSpark instance %s keeps its configuration error; not restarted", instance.name)
-                    return True
+            # GPUStack's automatic restart (a write moving it out of ERROR) is not applied: a
+            # change to the model releases the instance (_release_held), nothing else does.
+            if start_failure.hold_restart(stored_state, instance.state_message, new_state):
+                logger.info("DSpark instance %s keeps its configuration error; not restarted", instance.name)
+                return True
             return False
 
     DSparkModelInstanceService.__name__ = "ModelInstanceService"
@@ -286,5 +297,43 @@ def explain_start_failures(app) -> PatchResult:
     _, build_params, done = _target("gpustack.routes.model_instances", "_build_serve_log_params", EXPECTED_LOG_PARAMS)
     if done is not None:
         return done
+    global _held_release
     routes.ModelInstanceService = _service_class(base, app, build_params)
+    _held_release = lambda model_id: _release_held(base, model_id)  # noqa: E731
     return PatchResult(True)
+
+
+async def _release_held(base, model_id: int) -> None:
+    """After a change to the model is committed, its instances held in a configuration error
+    are scheduled again, the way GPUStack's worker restarts an instance (the worker then
+    starts them with the changed model)."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    from gpustack.schemas.models import Model, ModelInstance, ModelInstanceStateEnum
+    from gpustack.server.db import async_session
+
+    for attempt in range(1, 6):
+        await asyncio.sleep(1.0 * attempt)
+        try:
+            async with async_session() as session:
+                model = await Model.one_by_id(session, model_id)
+                if model is None:
+                    return
+                held = [i for i in await ModelInstance.all_by_field(session, "model_id", model_id)
+                        if _state(i.state) == "error" and start_failure.is_held_message(i.state_message)]
+                if not held:
+                    return
+                changed = [i for i in held if start_failure.changed_since(i.updated_at, model.updated_at)]
+                if not changed:
+                    continue  # the write is not committed yet (or was refused)
+                for instance in changed:
+                    await base(session).update(instance, {
+                        "state": ModelInstanceStateEnum.SCHEDULED, "state_message": "",
+                        "restart_count": (instance.restart_count or 0) + 1,
+                        "last_restart_time": datetime.now(timezone.utc)})
+                    logger.info("DSpark instance %s: the model changed; trying it again", instance.name)
+                return
+        except Exception:
+            logger.exception("releasing the held instances of model %s", model_id)
+            return

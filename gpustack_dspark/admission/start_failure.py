@@ -4,8 +4,9 @@
 `<prog>: error: <what is wrong>` for a configuration it cannot run. GPUStack 2.3 only records
 "Error (exit code 2)" and restarts the instance forever with back-off; restarting cannot fix a
 configuration. So: the line becomes the instance's `state_message`, and the worker's restart
-of that instance is held until the model is changed (a changed model gets new instances, or
-a restart is let through once the model's `updated_at` is after the failure).
+of that instance is held until the model is changed: a change to what a replica is started
+from (parameters, env, version, image, paths) schedules the held instances again once it is
+committed (GPUStack 2.3 does not replace instances on a spec edit).
 """
 
 import re
@@ -60,15 +61,17 @@ def is_held_message(message: Optional[str]) -> bool:
     return HELD_NOTE in (message or "")
 
 
-def hold_restart(stored_state: str, stored_message: Optional[str], new_state: str,
-                 failed_at: Optional[datetime], model_updated_at: Optional[datetime]) -> bool:
+def hold_restart(stored_state: str, stored_message: Optional[str], new_state: str) -> bool:
     """Whether a write moving an instance out of ERROR is GPUStack's automatic restart of a
-    configuration error that nothing has changed since (then it is not applied)."""
-    if stored_state != "error" or new_state == "error" or not is_held_message(stored_message):
-        return False
+    held configuration error (then it is not applied; a change to the model releases it)."""
+    return stored_state == "error" and new_state != "error" and is_held_message(stored_message)
+
+
+def changed_since(failed_at: Optional[datetime], model_updated_at: Optional[datetime]) -> bool:
+    """Whether the model was written after the instance recorded its failure."""
     if failed_at is None or model_updated_at is None:
-        return True
-    return _naive_utc(model_updated_at) <= _naive_utc(failed_at)
+        return False
+    return _naive_utc(model_updated_at) > _naive_utc(failed_at)
 
 
 def _naive_utc(moment: datetime) -> datetime:

@@ -68,9 +68,11 @@ def test_the_error_line_comes_from_the_log_and_the_message_keeps_the_runtime_s_w
 def test_the_automatic_restart_is_held_until_the_model_changes():
     failed = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
     held = start_failure.config_error_message("p: error: x", "exit code 2")
-    assert start_failure.hold_restart("error", held, "scheduled", failed, failed - timedelta(minutes=5))
-    assert not start_failure.hold_restart("error", held, "scheduled", failed, failed + timedelta(seconds=1))
-    assert not start_failure.hold_restart("error", "Error (exit code 1)", "scheduled", failed, failed)
-    assert not start_failure.hold_restart("error", held, "error", failed, failed)
+    assert start_failure.hold_restart("error", held, "scheduled")
+    assert not start_failure.hold_restart("error", "Error (exit code 1)", "scheduled")
+    assert not start_failure.hold_restart("error", held, "error")
+    assert not start_failure.changed_since(failed, failed - timedelta(minutes=5))
+    assert start_failure.changed_since(failed, failed + timedelta(seconds=1))
     # GPUStack stores naive UTC timestamps; both kinds compare.
-    assert start_failure.hold_restart("error", held, "scheduled", failed.replace(tzinfo=None), failed)
+    assert start_failure.changed_since(failed.replace(tzinfo=None), failed + timedelta(seconds=1))
+    assert not start_failure.changed_since(None, failed)
