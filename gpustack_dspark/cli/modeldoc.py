@@ -133,8 +133,8 @@ class _Checker:
         if not isinstance(data, dict):
             kind = {"list": "a list", "str": "a plain value", "int": "a number", "float": "a number",
                     "bool": "a boolean"}.get(type(data).__name__, type(data).__name__)
-            self.fail((), f"a model document is a mapping of fields (name: ..., backend: ...), not {kind}; "
-                          "several models go in separate documents split by '---', not in a list")
+            hint = "; several models go in separate documents split by '---', not in a list" if kind == "a list" else ""
+            self.fail((), f"a model document is a mapping of fields (name: ..., backend: ...), not {kind}{hint}")
             return None
         entry: Dict[str, Any] = {}
         for key, value in data.items():
