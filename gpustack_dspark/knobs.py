@@ -227,55 +227,42 @@ def split_knob_args(argv: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
     Returns raw values keyed by knob name, and the pass-through argv in order.
     """
     raw: Dict[str, Any] = {}
-    rest: List[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        name, eq, inline = token.partition("=")
-        if name == ENABLE_FLAG or name.startswith(KNOB_FLAG_PREFIX):
-            knob = KNOBS_BY_FLAG.get(name)
-            if knob is None:
-                raise unknown_flag_error(name)
-            if eq:
-                raw[knob.name] = inline
-            elif knob.is_switch:
-                raw[knob.name] = ""
-            elif i + 1 < len(argv):
-                i += 1
-                raw[knob.name] = argv[i]
-            else:
-                raise KnobError(knob.flag, "", knob.allowed, "the flag needs a value")
-            i += 1
-            continue
-        rest.append(token)
-        i += 1
-    return raw, rest
+    tokens = scan_knob_tokens(argv, check_values=False)
+    for token in tokens:
+        if token.error is not None:
+            raise token.error
+        raw[token.key] = token.raw
+    return raw, rest_of(argv, tokens)
 
 
 @dataclass(frozen=True)
 class KnobToken:
     """One DSpark flag found in an argv: `key` is the knob name (or the flag itself when it is
-    not a DSpark flag we know), `raw` the value as written, `error` what is wrong with it."""
+    not a DSpark flag we know), `raw` the value as written, `error` what is wrong with it,
+    `index` where the flag stands and `width` how many argv items it took (1 or 2)."""
     key: str
     flag: str
     raw: Optional[str]
     error: Optional[KnobError]
+    index: int = 0
+    width: int = 1
 
 
-def scan_knob_tokens(argv: Sequence[str]) -> List[KnobToken]:
-    """Every DSpark flag of `argv` with its own verdict, as `dspark-serve` would judge it
-    (the same parsers and messages); other arguments are skipped. Never raises."""
+def scan_knob_tokens(argv: Sequence[str], check_values: bool = True) -> List[KnobToken]:
+    """Every DSpark flag of `argv` with its own verdict, as `dspark-serve` judges it (the same
+    parsers and messages; `check_values=False`: only unknown flags and missing values); other
+    arguments are skipped. Accepts `--flag=value` and `--flag value`. Never raises."""
     found: List[KnobToken] = []
     i = 0
     while i < len(argv):
-        token = str(argv[i])
-        name, eq, inline = token.partition("=")
+        start = i
+        name, eq, inline = str(argv[i]).partition("=")
         i += 1
         if name != ENABLE_FLAG and not name.startswith(KNOB_FLAG_PREFIX):
             continue
         knob = KNOBS_BY_FLAG.get(name)
         if knob is None:
-            found.append(KnobToken(name, name, inline if eq else None, unknown_flag_error(name)))
+            found.append(KnobToken(name, name, inline if eq else None, unknown_flag_error(name), start))
             continue
         if eq:
             raw: Optional[str] = inline
@@ -286,15 +273,22 @@ def scan_knob_tokens(argv: Sequence[str]) -> List[KnobToken]:
             i += 1
         else:
             found.append(KnobToken(knob.name, name, None, KnobError(knob.flag, "", knob.allowed,
-                                                                   "the flag needs a value")))
+                                                                   "the flag needs a value"), start))
             continue
-        try:
-            knob.parse(knob.flag, raw)
-            error = None
-        except KnobError as e:
-            error = e
-        found.append(KnobToken(knob.name, name, raw, error))
+        error = None
+        if check_values:
+            try:
+                knob.parse(knob.flag, raw)
+            except KnobError as e:
+                error = e
+        found.append(KnobToken(knob.name, name, raw, error, start, i - start))
     return found
+
+
+def rest_of(argv: Sequence[str], tokens: Sequence[KnobToken]) -> List[str]:
+    """The arguments of `argv` that are not DSpark flags (they pass to vLLM), in order."""
+    taken = {t.index + k for t in tokens for k in range(t.width)}
+    return [str(a) for n, a in enumerate(argv) if n not in taken]
 
 
 def build_knobs(raw: Dict[str, Any], where: Callable[[Knob], str] = lambda k: k.flag) -> DSparkKnobs:
