@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional
 from gpustack.extension import Plugin
 
 from gpustack_dspark import __version__, backend
+from gpustack_dspark.k8s.feature import NodeLabelSync
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
 from gpustack_dspark.observe.status import build_status_router
@@ -39,9 +40,10 @@ FEATURE_PLACEMENT = "placement_policy"
 FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
 FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
 FEATURE_METRICS_COLLECTION = "metrics_collection"  # GPUStack's workers scrape DSpark replicas
+FEATURE_NODE_LABEL_SYNC = "node_label_sync"  # Kubernetes node labels -> the JSON worker label
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
-                     FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION)
+                     FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION, FEATURE_NODE_LABEL_SYNC)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -71,6 +73,7 @@ class DSparkPlugin(Plugin):
         self.placement_policy: Optional[PlacementPolicy] = None
         self._tasks: List[Callable[[], Awaitable[None]]] = []
         self.routing = RoutingFeature()
+        self.node_label_sync: Optional[NodeLabelSync] = None
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
         try:
@@ -104,6 +107,7 @@ class DSparkPlugin(Plugin):
         self._apply_placement_policy()
         self._apply_routing(app)
         self._apply_metrics_collection(app)
+        self._apply_node_label_sync()
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -151,6 +155,32 @@ class DSparkPlugin(Plugin):
             self.features.disable(FEATURE_METRICS_COLLECTION, f"{type(e).__name__}: {e}")
             return
         self.features.enable(FEATURE_METRICS_COLLECTION, runtime=backend.BACKEND_NAME)
+
+    def _apply_node_label_sync(self) -> None:
+        selector = self.settings.node_label_sync_selector
+        if not selector:
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, "not configured (--dspark-node-label-sync-selector)")
+            return
+        sync = NodeLabelSync(selector, self.settings.node_label_sync_kubeconfig, self.settings.json_label,
+                             lambda reason, **detail: self.features.running(FEATURE_NODE_LABEL_SYNC, reason, **detail))
+        try:
+            sync.start()
+        except Exception as e:
+            logger.error("DSpark node-label sync is off: %s", e)
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, str(e), selector=selector)
+            return
+        self.node_label_sync = sync
+        self.features.running(FEATURE_NODE_LABEL_SYNC, "starting", selector=selector)
+        self._tasks.append(self._run_node_label_sync)
+
+    async def _run_node_label_sync(self) -> None:
+        try:
+            await self.node_label_sync.task()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in the sync: this feature off, the server unaffected
+            logger.exception("DSpark node-label sync stopped")
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, f"stopped: {type(e).__name__}: {e}")
 
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.
@@ -218,4 +248,5 @@ class DSparkPlugin(Plugin):
             },
             "features": self.features.snapshot(),
             "routing": self.routing.status(),
+            "node_label_sync": self.node_label_sync.status() if self.node_label_sync else None,
         }
