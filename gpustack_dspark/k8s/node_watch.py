@@ -49,6 +49,9 @@ def describe_error(e: BaseException) -> str:
 
     if isinstance(e, ApiException):
         return f"Kubernetes API answered {e.status} {e.reason}".strip()
+    reason = getattr(e, "reason", None)  # urllib3's MaxRetryError: the connection error inside
+    if type(e).__name__ == "MaxRetryError" and reason is not None:
+        return f"cannot reach the Kubernetes API: {type(reason).__name__}: {reason}"
     return f"{type(e).__name__}: {e}"
 
 
