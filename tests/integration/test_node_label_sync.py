@@ -1,0 +1,219 @@
+"""The node-label sync in a real GPUStack 2.3.0 server (real PostgreSQL, real CPU workers),
+reading nodes with the real `kubernetes` client from a Kubernetes API STAND-IN
+(`devstack/stand_in_kube_api.py`: no kube-apiserver can run on these machines).
+
+One server for the module. Negative checks ("still labelled", "untouched") wait for two
+more sync passes after the change first, so they are judged after the sync had its chance.
+"""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from gpustack_dspark.devstack.api import GPUStackAPI
+from gpustack_dspark.devstack.stand_in_kube_api import StandInKubeAPI
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from gpustack_dspark.k8s.node_labels import MARKER_KEY, MARKER_VALUE
+from gpustack_dspark.k8s.worker_writes import ADVISORY_LOCK_KEY
+from tests.conftest import admin_api, dspark_status, wait_for
+
+pytestmark = pytest.mark.integration
+
+SELECTOR = "gpustack-dspark.io/json-inference=true"
+POOL = {"gpustack-dspark.io/json-inference": "true", "kubernetes.io/os": "linux"}
+PLAIN = {"kubernetes.io/os": "linux"}
+JSON_KEY, JSON_VALUE = "role", "json-inference"
+NODE_A, NODE_B, LAPTOP = "k8s-node-a", "k8s-node-b", "laptop"
+
+
+@pytest.fixture(scope="module")
+def kube():
+    api = StandInKubeAPI().start()
+    api.set_node(NODE_A, POOL)
+    api.set_node(NODE_B, PLAIN)
+    api.set_node("k8s-node-without-worker", POOL)
+    yield api
+    api.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(kube, start_server, tmp_path_factory):
+    kubeconfig = kube.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig")
+    server = start_server(extra_args=["--dspark-node-label-sync-selector", SELECTOR,
+                                      "--dspark-node-label-sync-kubeconfig", str(kubeconfig)])
+    api = admin_api(server)
+    base = tmp_path_factory.mktemp("workers")
+    workers = {}
+
+    def join(name, labels=None):
+        own = GPUStackAPI(server.url, api.api_key)
+        try:
+            return join_cpu_worker(own, server.url, name, base / name, labels=labels)
+        finally:
+            own.close()
+
+    api.ensure_cluster("dspark-local")  # before the parallel joins, so they share one cluster
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            futures = {NODE_A: pool.submit(join, NODE_A), NODE_B: pool.submit(join, NODE_B),
+                       LAPTOP: pool.submit(join, LAPTOP, {JSON_KEY: JSON_VALUE})}
+            for name, future in futures.items():
+                workers[name] = future.result()
+        yield server, api, workers
+    finally:
+        for worker in workers.values():
+            worker.stop()
+        api.close()
+
+
+def _labels(api, worker):
+    return api.get(f"/v2/workers/{worker.id}")["labels"]
+
+
+def _sync(server, api):
+    return dspark_status(server, api.api_key)["node_label_sync"]
+
+
+def _passes_later(server, api, more=2):
+    """Wait until the sync has made `more` further passes (a barrier for negative checks)."""
+    start = _sync(server, api)["passes"]
+    wait_for(lambda: _sync(server, api)["passes"] >= start + more, 60, f"{more} more sync passes")
+
+
+def _pool_member(api, worker):
+    labels = _labels(api, worker)
+    return labels.get(JSON_KEY) == JSON_VALUE and labels.get(MARKER_KEY) == MARKER_VALUE
+
+
+def _not_member(api, worker):
+    labels = _labels(api, worker)
+    return JSON_KEY not in labels and MARKER_KEY not in labels
+
+
+def test_workers_of_matching_nodes_get_the_json_label(stack, kube):
+    server, api, workers = stack
+    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} to get {JSON_KEY}={JSON_VALUE}")
+    _passes_later(server, api)
+    assert _not_member(api, workers[NODE_B])
+    laptop = _labels(api, workers[LAPTOP])  # no node of that name: hand-set label, no marker
+    assert laptop[JSON_KEY] == JSON_VALUE and MARKER_KEY not in laptop
+    assert laptop["worker-name"] == LAPTOP  # GPUStack's own labels stay
+
+    status = dspark_status(server, api.api_key)
+    feature = status["features"]["node_label_sync"]
+    assert feature["state"] == "enabled" and "reason" not in feature, feature
+    assert feature["detail"]["selector"] == SELECTOR and feature["detail"]["json_label"] == "role=json-inference"
+    sync = status["node_label_sync"]
+    assert sync["writer"] == "this server (postgresql advisory lock)"
+    assert sync["watch"]["matching_nodes"] == [NODE_A, "k8s-node-without-worker"]
+    assert sync["last_pass"]["labelled_workers"] == [NODE_A]
+    assert sync["last_pass"]["nodes_without_worker"] == ["k8s-node-without-worker"]
+    listed = [r for r in kube.requests if not r["watch"]]
+    assert listed and listed[0]["query"]["labelSelector"] == SELECTOR
+
+
+def test_labels_follow_the_node_label_both_ways(stack, kube):
+    server, api, workers = stack
+    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} in the pool")
+    kube.set_node(NODE_B, POOL)
+    wait_for(lambda: _pool_member(api, workers[NODE_B]), 30, f"{NODE_B} to join the pool")
+    kube.set_node(NODE_A, PLAIN)  # the watch sends DELETED: the node no longer matches
+    wait_for(lambda: _not_member(api, workers[NODE_A]), 30, f"{NODE_A} to leave the pool")
+    _passes_later(server, api)
+    laptop = _labels(api, workers[LAPTOP])
+    assert laptop[JSON_KEY] == JSON_VALUE and MARKER_KEY not in laptop  # never ours: untouched
+    actions = [(c["worker"], c["action"]) for c in _sync(server, api)["recent_changes"]]
+    assert actions[-2:] == [(NODE_B, "added"), (NODE_A, "removed")]
+
+
+def test_a_watch_expiry_relists(stack, kube):
+    server, api, workers = stack
+    wait_for(lambda: _not_member(api, workers[NODE_A]) and _pool_member(api, workers[NODE_B]), 60,
+             "the pool of the previous test")
+    lists_before = _sync(server, api)["watch"]["lists"]
+    # The history is compacted and the open watch ends: the change below reaches the sync only
+    # through a relist after the resumed watch's 410 (an ERROR event in the stream).
+    kube.expire()
+    kube.set_node(NODE_A, POOL)
+    wait_for(lambda: _pool_member(api, workers[NODE_A]), 30, f"{NODE_A} back in the pool after the 410")
+    assert [r for r in kube.requests if r.get("gone") == "event"]
+    # The same with the 410 as the HTTP status of the watch request.
+    kube.expire(gone_as_http=True)
+    kube.delete_node(NODE_B)
+    wait_for(lambda: _not_member(api, workers[NODE_B]), 30, f"{NODE_B} out of the pool after its node went")
+    assert [r for r in kube.requests if r.get("gone") == "http"]
+    watch = _sync(server, api)["watch"]
+    assert watch["gone"] >= 2 and watch["lists"] >= lists_before + 2 and watch["last_error"] is None
+
+
+def test_an_api_outage_keeps_labels_reports_and_recovers(stack, kube):
+    server, api, workers = stack
+    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} in the pool")
+    kube.stop()
+    feature = wait_for(lambda: (f := dspark_status(server, api.api_key)["features"]["node_label_sync"])
+                       .get("reason") and f, 60, "the outage in the status")
+    assert feature["state"] == "enabled"
+    assert feature["reason"].startswith("cannot reach the Kubernetes API: ") and "retrying" in feature["reason"]
+    _passes_later(server, api)
+    assert _pool_member(api, workers[NODE_A])  # an outage removes nothing
+    assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    kube.set_node(NODE_B, POOL)  # changed while the sync could not see it
+    kube.start()
+    wait_for(lambda: _pool_member(api, workers[NODE_B]), 60, f"{NODE_B} in the pool after the outage")
+    wait_for(lambda: "reason" not in dspark_status(server, api.api_key)["features"]["node_label_sync"], 30,
+             "the reason to clear")
+    assert _sync(server, api)["watch"]["errors"] >= 1
+
+
+def test_one_writer_holds_the_lock_and_another_stands_by(stack, postgres):
+    """The server holds the advisory lock; a second guard (this process, same database, the
+    plugin's own WriterGuard on GPUStack's db module) does not get it."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from gpustack.server import db
+    from gpustack_dspark.k8s.worker_writes import WriterGuard
+
+    async def second_writer():
+        engine = create_async_engine(postgres.url.replace("postgresql://", "postgresql+asyncpg://"))
+        saved, db.engine = db.engine, engine
+        try:
+            guard = WriterGuard()
+            held = await guard.acquire()
+            await guard.release()
+            async with engine.connect() as connection:
+                from sqlalchemy import text
+
+                holders = (await connection.execute(
+                    text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                         "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": ADVISORY_LOCK_KEY})).scalar()
+            return held, guard.kind, holders
+        finally:
+            db.engine = saved
+            await engine.dispose()
+
+    held, kind, holders = asyncio.run(second_writer())
+    assert (held, kind, holders) == (False, "postgresql advisory lock", 1)
+
+
+def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, start_server, tmp_path):
+    server, api, workers = stack
+    for worker in workers.values():
+        worker.stop()
+    server.stop()  # the next server resets the shared database
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [this is not a kubeconfig\n")
+    server = start_server(extra_args=["--dspark-node-label-sync-selector", SELECTOR,
+                                      "--dspark-node-label-sync-kubeconfig", str(bad)])
+    api = admin_api(server)
+    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
+             90, "the backend registration")
+    status = dspark_status(server, api.api_key)
+    feature = status["features"]["node_label_sync"]
+    assert feature["state"] == "disabled"
+    assert feature["reason"].startswith(f"cannot load the kubeconfig {bad}: ")
+    assert status["features"]["routing"]["state"] == "enabled"
+    assert status["node_label_sync"] is None
+    api.close()
+    server.stop()
