@@ -25,15 +25,15 @@ SELECTOR = "gpustack-dspark.io/json-inference=true"
 POOL = {"gpustack-dspark.io/json-inference": "true", "kubernetes.io/os": "linux"}
 PLAIN = {"kubernetes.io/os": "linux"}
 JSON_KEY, JSON_VALUE = "role", "json-inference"
-NODE_A, NODE_B, LAPTOP = "k8s-node-a", "k8s-node-b", "laptop"
+NODE, LAPTOP, NO_WORKER = "k8s-node-a", "laptop", "k8s-node-without-worker"
 
 
 @pytest.fixture(scope="module")
 def kube():
     api = StandInKubeAPI().start()
-    api.set_node(NODE_A, POOL)
-    api.set_node(NODE_B, PLAIN)
-    api.set_node("k8s-node-without-worker", POOL)
+    api.set_node(NODE, POOL)
+    api.set_node("k8s-node-b", PLAIN)
+    api.set_node(NO_WORKER, POOL)
     yield api
     api.stop()
 
@@ -56,9 +56,9 @@ def stack(kube, start_server, tmp_path_factory):
 
     api.ensure_cluster("dspark-local")  # before the parallel joins, so they share one cluster
     try:
-        with ThreadPoolExecutor(3) as pool:
-            futures = {NODE_A: pool.submit(join, NODE_A), NODE_B: pool.submit(join, NODE_B),
-                       LAPTOP: pool.submit(join, LAPTOP, {JSON_KEY: JSON_VALUE})}
+        with ThreadPoolExecutor(2) as pool:
+            # `laptop` runs on no Kubernetes node; its JSON label is set by hand.
+            futures = {NODE: pool.submit(join, NODE), LAPTOP: pool.submit(join, LAPTOP, {JSON_KEY: JSON_VALUE})}
             for name, future in futures.items():
                 workers[name] = future.result()
         yield server, api, workers
@@ -92,14 +92,17 @@ def _not_member(api, worker):
     return JSON_KEY not in labels and MARKER_KEY not in labels
 
 
-def test_workers_of_matching_nodes_get_the_json_label(stack, kube):
-    server, api, workers = stack
-    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} to get {JSON_KEY}={JSON_VALUE}")
-    _passes_later(server, api)
-    assert _not_member(api, workers[NODE_B])
+def _laptop_untouched(api, workers):
     laptop = _labels(api, workers[LAPTOP])  # no node of that name: hand-set label, no marker
     assert laptop[JSON_KEY] == JSON_VALUE and MARKER_KEY not in laptop
     assert laptop["worker-name"] == LAPTOP  # GPUStack's own labels stay
+
+
+def test_workers_of_matching_nodes_get_the_json_label(stack, kube):
+    server, api, workers = stack
+    wait_for(lambda: _pool_member(api, workers[NODE]), 60, f"{NODE} to get {JSON_KEY}={JSON_VALUE}")
+    _passes_later(server, api)
+    _laptop_untouched(api, workers)
 
     status = dspark_status(server, api.api_key)
     feature = status["features"]["node_label_sync"]
@@ -107,61 +110,64 @@ def test_workers_of_matching_nodes_get_the_json_label(stack, kube):
     assert feature["detail"]["selector"] == SELECTOR and feature["detail"]["json_label"] == "role=json-inference"
     sync = status["node_label_sync"]
     assert sync["writer"] == "this server (postgresql advisory lock)"
-    assert sync["watch"]["matching_nodes"] == [NODE_A, "k8s-node-without-worker"]
-    assert sync["last_pass"]["labelled_workers"] == [NODE_A]
-    assert sync["last_pass"]["nodes_without_worker"] == ["k8s-node-without-worker"]
+    assert sync["watch"]["matching_nodes"] == [NODE, NO_WORKER]
+    assert sync["last_pass"]["labelled_workers"] == [NODE]
+    assert sync["last_pass"]["nodes_without_worker"] == [NO_WORKER]
     listed = [r for r in kube.requests if not r["watch"]]
     assert listed and listed[0]["query"]["labelSelector"] == SELECTOR
+    watches = [r for r in kube.requests if r["watch"]]
+    assert watches and watches[0]["query"]["resourceVersion"] and watches[0]["query"]["timeoutSeconds"]
 
 
 def test_labels_follow_the_node_label_both_ways(stack, kube):
     server, api, workers = stack
-    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} in the pool")
-    kube.set_node(NODE_B, POOL)
-    wait_for(lambda: _pool_member(api, workers[NODE_B]), 30, f"{NODE_B} to join the pool")
-    kube.set_node(NODE_A, PLAIN)  # the watch sends DELETED: the node no longer matches
-    wait_for(lambda: _not_member(api, workers[NODE_A]), 30, f"{NODE_A} to leave the pool")
+    wait_for(lambda: _pool_member(api, workers[NODE]), 60, f"{NODE} in the pool")
+    kube.set_node(NODE, PLAIN)  # the watch sends DELETED: the node no longer matches
+    wait_for(lambda: _not_member(api, workers[NODE]), 30, f"{NODE} to leave the pool")
+    kube.set_node(NODE, POOL)
+    wait_for(lambda: _pool_member(api, workers[NODE]), 30, f"{NODE} to join the pool again")
     _passes_later(server, api)
-    laptop = _labels(api, workers[LAPTOP])
-    assert laptop[JSON_KEY] == JSON_VALUE and MARKER_KEY not in laptop  # never ours: untouched
+    _laptop_untouched(api, workers)
     actions = [(c["worker"], c["action"]) for c in _sync(server, api)["recent_changes"]]
-    assert actions[-2:] == [(NODE_B, "added"), (NODE_A, "removed")]
+    assert actions[-3:] == [(NODE, "added"), (NODE, "removed"), (NODE, "added")]
 
 
 def test_a_watch_expiry_relists(stack, kube):
     server, api, workers = stack
-    wait_for(lambda: _not_member(api, workers[NODE_A]) and _pool_member(api, workers[NODE_B]), 60,
-             "the pool of the previous test")
+    wait_for(lambda: _pool_member(api, workers[NODE]), 60, f"{NODE} in the pool")
     lists_before = _sync(server, api)["watch"]["lists"]
     # The history is compacted and the open watch ends: the change below reaches the sync only
     # through a relist after the resumed watch's 410 (an ERROR event in the stream).
     kube.expire()
-    kube.set_node(NODE_A, POOL)
-    wait_for(lambda: _pool_member(api, workers[NODE_A]), 30, f"{NODE_A} back in the pool after the 410")
+    kube.set_node(NODE, PLAIN)
+    wait_for(lambda: _not_member(api, workers[NODE]), 30, f"{NODE} out of the pool after the 410")
     assert [r for r in kube.requests if r.get("gone") == "event"]
-    # The same with the 410 as the HTTP status of the watch request.
+    # The same with the 410 as the HTTP status of the watch request; then the node is deleted.
     kube.expire(gone_as_http=True)
-    kube.delete_node(NODE_B)
-    wait_for(lambda: _not_member(api, workers[NODE_B]), 30, f"{NODE_B} out of the pool after its node went")
+    kube.set_node(NODE, POOL)
+    wait_for(lambda: _pool_member(api, workers[NODE]), 30, f"{NODE} back in the pool after the HTTP 410")
     assert [r for r in kube.requests if r.get("gone") == "http"]
     watch = _sync(server, api)["watch"]
     assert watch["gone"] >= 2 and watch["lists"] >= lists_before + 2 and watch["last_error"] is None
+    kube.delete_node(NODE)
+    wait_for(lambda: _not_member(api, workers[NODE]), 30, f"{NODE} out of the pool after its node went")
 
 
 def test_an_api_outage_keeps_labels_reports_and_recovers(stack, kube):
     server, api, workers = stack
-    wait_for(lambda: _pool_member(api, workers[NODE_A]), 60, f"{NODE_A} in the pool")
+    kube.set_node(NODE, POOL)
+    wait_for(lambda: _pool_member(api, workers[NODE]), 60, f"{NODE} in the pool")
     kube.stop()
     feature = wait_for(lambda: (f := dspark_status(server, api.api_key)["features"]["node_label_sync"])
                        .get("reason") and f, 60, "the outage in the status")
     assert feature["state"] == "enabled"
     assert feature["reason"].startswith("cannot reach the Kubernetes API: ") and "retrying" in feature["reason"]
+    kube.set_node(NODE, PLAIN)  # changed while the sync cannot see it
     _passes_later(server, api)
-    assert _pool_member(api, workers[NODE_A])  # an outage removes nothing
+    assert _pool_member(api, workers[NODE])  # an outage removes nothing
     assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
-    kube.set_node(NODE_B, POOL)  # changed while the sync could not see it
     kube.start()
-    wait_for(lambda: _pool_member(api, workers[NODE_B]), 60, f"{NODE_B} in the pool after the outage")
+    wait_for(lambda: _not_member(api, workers[NODE]), 60, f"{NODE} out of the pool after the outage")
     wait_for(lambda: "reason" not in dspark_status(server, api.api_key)["features"]["node_label_sync"], 30,
              "the reason to clear")
     assert _sync(server, api)["watch"]["errors"] >= 1
@@ -197,16 +203,17 @@ def test_one_writer_holds_the_lock_and_another_stands_by(stack, postgres):
     assert (held, kind, holders) == (False, "postgresql advisory lock", 1)
 
 
-def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, start_server, tmp_path):
+def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, tmp_path):
+    """The same server restarted (same database and data) with a kubeconfig that is not one."""
     server, api, workers = stack
     for worker in workers.values():
         worker.stop()
-    server.stop()  # the next server resets the shared database
+    server.stop()
     bad = tmp_path / "kubeconfig"
     bad.write_text("clusters: [this is not a kubeconfig\n")
-    server = start_server(extra_args=["--dspark-node-label-sync-selector", SELECTOR,
-                                      "--dspark-node-label-sync-kubeconfig", str(bad)])
-    api = admin_api(server)
+    server.extra_args = ["--dspark-node-label-sync-selector", SELECTOR,
+                         "--dspark-node-label-sync-kubeconfig", str(bad)]
+    server.start()
     wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
              90, "the backend registration")
     status = dspark_status(server, api.api_key)
@@ -215,5 +222,4 @@ def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, start_server, tmp_p
     assert feature["reason"].startswith(f"cannot load the kubeconfig {bad}: ")
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["node_label_sync"] is None
-    api.close()
-    server.stop()
+    assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
