@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from gpustack_dspark.k8s import node_watch, worker_writes
+from gpustack_dspark.k8s import node_watch, gpustack_writes
 from gpustack_dspark.k8s.node_labels import MARKER_KEY, NodeView, plan_labels
 from gpustack_dspark.labels import parse_selector
 
@@ -33,7 +33,7 @@ class NodeLabelSync:
         self.kubeconfig = kubeconfig
         self.json_label = json_label
         self.report = report
-        self.guard = worker_writes.WriterGuard()
+        self.guard = gpustack_writes.WriterGuard()
         self.watcher: Optional[node_watch.NodeWatcher] = None
         self.passes = 0
         self.last_pass: Dict[str, Any] = {}
@@ -110,9 +110,9 @@ class NodeLabelSync:
         matching = self.watcher.matching()
         if matching is None:  # no successful list yet: nothing known, nothing touched
             return
-        workers = await worker_writes.read_workers()
+        workers = await gpustack_writes.read_workers()
         plan = plan_labels(matching, workers, self.json_label)
-        written = await worker_writes.apply_plan(matching, [c.worker_id for c in plan.changes], self.json_label)
+        written = await gpustack_writes.apply_plan(matching, [c.worker_id for c in plan.changes], self.json_label)
         self.passes += 1
         for change in plan.changes:
             if change.worker_name in written:

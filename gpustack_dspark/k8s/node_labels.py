@@ -1,7 +1,7 @@
 """Which GPUStack workers get or lose the JSON label, given the Kubernetes nodes (pure).
 
 The node-label sync's decision, apart from the Kubernetes watch and GPUStack's database
-(`node_watch.py`, `worker_writes.py`). Rules:
+(`node_watch.py`, `gpustack_writes.py`). Rules:
 
 - A worker belongs to a node when its name is the node's name (GPUStack's chart sets
   `GPUSTACK_WORKER_NAME` to the node name). Two workers with one name (in different

@@ -16,7 +16,7 @@ from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.stand_in_kube_api import StandInKubeAPI
 from gpustack_dspark.devstack.worker import join_cpu_worker
 from gpustack_dspark.k8s.node_labels import MARKER_KEY, MARKER_VALUE
-from gpustack_dspark.k8s.worker_writes import ADVISORY_LOCK_KEY
+from gpustack_dspark.k8s.gpustack_writes import ADVISORY_LOCK_KEY
 from tests.conftest import admin_api, dspark_status, wait_for
 
 pytestmark = pytest.mark.integration
@@ -179,7 +179,7 @@ def test_one_writer_holds_the_lock_and_another_stands_by(stack, postgres):
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from gpustack.server import db
-    from gpustack_dspark.k8s.worker_writes import WriterGuard
+    from gpustack_dspark.k8s.gpustack_writes import WriterGuard
 
     async def second_writer():
         engine = create_async_engine(postgres.url.replace("postgresql://", "postgresql+asyncpg://"))
