@@ -20,6 +20,11 @@ def parse_label_key(key: str) -> str:
     return key
 
 
+def is_label_value(value: object) -> bool:
+    """A valid label value (may be empty), as Kubernetes and GPUStack accept it."""
+    return isinstance(value, str) and bool(_LABEL_VALUE_RE.match(value))
+
+
 def parse_label(value: str) -> Tuple[str, str]:
     """`KEY=VALUE` -> (key, value); ValueError says what is wrong and what is allowed."""
     if "=" not in value:

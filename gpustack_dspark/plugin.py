@@ -26,6 +26,7 @@ from gpustack_dspark.settings import (
     command_line_values,
     images_from_environment,
     resolve_settings,
+    server_image_from_environment,
     settings_from_config,
     settings_to_config,
 )
@@ -63,7 +64,8 @@ class DSparkPlugin(Plugin):
 
     @classmethod
     def extra_image_list(cls) -> List[str]:
-        return list(images_from_environment())
+        # The worker images GPUStack's workers pull, and the server image with the plugin.
+        return [*images_from_environment(), server_image_from_environment()]
 
     def __init__(self, app, cfg) -> None:
         self.features = FeatureRegistry()

@@ -14,10 +14,17 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from gpustack_dspark import __version__
 from gpustack_dspark.labels import parse_label, parse_selector, selector_text
+from gpustack_dspark.versions import SUPPORTED_GPUSTACK_VERSION
 
 DEFAULT_JSON_LABEL = "role=json-inference"
 DEFAULT_CUDA_IMAGE = f"gpustack-dspark-worker:{__version__}-cuda"
 DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
+# The GPUStack server image with the plugin (backend_images/server/); only listed for
+# `gpustack list-images` / `save-images` (GPUSTACK_DSPARK_SERVER_IMAGE overrides the name).
+SERVER_IMAGE_REPOSITORY = "gpustack-dspark/gpustack-dspark-server"
+SERVER_IMAGE_TAG = f"{__version__}-gpustack{SUPPORTED_GPUSTACK_VERSION}"
+DEFAULT_SERVER_IMAGE = f"{SERVER_IMAGE_REPOSITORY}:{SERVER_IMAGE_TAG}"
+SERVER_IMAGE_ENV = "GPUSTACK_DSPARK_SERVER_IMAGE"
 
 # An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path; as in
 # Docker, a first component is a registry only with a dot, a port, or `localhost`.
@@ -232,3 +239,10 @@ def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[st
         except ValueError:
             images.append(flag.default_text)
     return images[0], images[1]
+
+
+def server_image_from_environment(environ: Mapping[str, str] = os.environ) -> str:
+    try:
+        return parse_image(environ.get(SERVER_IMAGE_ENV) or DEFAULT_SERVER_IMAGE)
+    except ValueError:
+        return DEFAULT_SERVER_IMAGE
