@@ -39,7 +39,7 @@ class NodeLabelSync:
         self.last_pass: Dict[str, Any] = {}
         self.history: deque = deque(maxlen=20)
         self.db_error: Optional[str] = None
-        self.writer = "not yet"
+        self.writer = "waiting for the writer lock"
         self._wake: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -136,6 +136,8 @@ class NodeLabelSync:
             return self.db_error
         if not self.guard.held:
             return self.writer
+        if not watch.get("synced"):
+            return "waiting for the first list of nodes"
         return None
 
     def _report(self) -> None:
