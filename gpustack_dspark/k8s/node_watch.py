@@ -33,15 +33,16 @@ def load_api_client(kubeconfig: Optional[str]):
     works; the caller turns that into a disabled feature."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     if kubeconfig:
-        api_client = config.new_client_from_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration, persist_config=False)
     else:
-        configuration = client.Configuration()
+        # Sets the hook that re-reads the projected (rotating) service-account token.
         config.load_incluster_config(client_configuration=configuration)
-        api_client = client.ApiClient(configuration)
-    # One attempt per call: the loop below does the retrying, with back-off.
-    api_client.configuration.retries = 0
-    return api_client
+    # One attempt per call (urllib3 would retry 3 times at once): the loop below retries,
+    # with back-off. Read when the ApiClient builds its connection pool, so set it first.
+    configuration.retries = 0
+    return client.ApiClient(configuration)
 
 
 def describe_error(e: BaseException) -> str:
@@ -104,7 +105,10 @@ class NodeWatcher:
                 self._list()
                 delay = BACKOFF_FIRST_S
                 while not self._stop.is_set():
+                    started, events = time.monotonic(), self.counters["events"]
                     self._watch_once()
+                    if time.monotonic() - started < 1.0 and self.counters["events"] == events:
+                        self._stop.wait(1.0)  # a watch that ends at once, again and again: no busy loop
             except ApiException as e:
                 if e.status == 410:
                     self._count("gone")

@@ -8,7 +8,7 @@ from gpustack_dspark.devstack.stand_in_kube_api import StandInKubeAPI
 from gpustack_dspark.k8s.node_labels import NodeView
 from gpustack_dspark.k8s.node_watch import NodeWatcher, load_api_client
 from gpustack_dspark.labels import parse_selector
-from tests.conftest import wait_for
+from tests.conftest import wait_for as _wait_for
 
 SELECTOR = "pool=json"
 
@@ -18,6 +18,10 @@ def kube():
     api = StandInKubeAPI().start()
     yield api
     api.stop()
+
+
+def wait_for(predicate, timeout_s, what):
+    return _wait_for(predicate, timeout_s, what, interval_s=0.05)
 
 
 def _watcher(kube, tmp_path, token=None):
