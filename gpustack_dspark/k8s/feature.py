@@ -50,7 +50,8 @@ class NodeLabelSync:
             api_client = node_watch.load_api_client(self.kubeconfig)
         except Exception as e:
             where = f"kubeconfig {self.kubeconfig}" if self.kubeconfig else "in-cluster config"
-            raise RuntimeError(f"cannot load the {where}: {type(e).__name__}: {e}") from e
+            detail = " ".join(str(e).split())  # YAML parser errors span lines
+            raise RuntimeError(f"cannot load the {where}: {type(e).__name__}: {detail}") from e
         self.watcher = node_watch.NodeWatcher(api_client, NodeView(requirements), self.selector, self._changed)
 
     def _changed(self) -> None:  # from the watch thread

@@ -208,6 +208,7 @@ def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, tmp_path):
     server, api, workers = stack
     for worker in workers.values():
         worker.stop()
+    api.close()  # no keep-alive connection left for the server's graceful shutdown to wait on
     server.stop()
     bad = tmp_path / "kubeconfig"
     bad.write_text("clusters: [this is not a kubeconfig\n")
@@ -222,4 +223,6 @@ def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, tmp_path):
     assert feature["reason"].startswith(f"cannot load the kubeconfig {bad}: ")
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["node_label_sync"] is None
+    assert "\n" not in feature["reason"]
     assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    api.close()
