@@ -3,7 +3,7 @@
 Everything else derives from this table: the backend's deploy-form hints (backend.py), the
 worker launcher (translate.py, worker/), and the model YAML. Flags and YAML share the parsers
 here, so a bad value gets the same message wherever it was written.
-This module imports nothing of ours and does no I/O.
+This module imports only `bounded` (a leaf: bounded JSON) of ours and does no I/O.
 """
 
 import difflib
@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from gpustack_dspark import bounded
 
 METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
@@ -100,10 +102,10 @@ def _schema_source(where: str, raw: Any) -> str:
     value = _text("a JSON Schema: inline JSON object or a file path")(where, raw)
     if value.startswith(("{", "[")):
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
+            parsed = bounded.loads_json(value, bounded.SCHEMA)
+        except bounded.BoundedError as e:
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
-                            f"not valid JSON: {e.msg} at char {e.pos}") from None
+                            e.problem) from None
         if not isinstance(parsed, dict):
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
                             "a schema must be a JSON object")
@@ -248,6 +250,51 @@ def split_knob_args(argv: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
         rest.append(token)
         i += 1
     return raw, rest
+
+
+@dataclass(frozen=True)
+class KnobToken:
+    """One DSpark flag found in an argv: `key` is the knob name (or the flag itself when it is
+    not a DSpark flag we know), `raw` the value as written, `error` what is wrong with it."""
+    key: str
+    flag: str
+    raw: Optional[str]
+    error: Optional[KnobError]
+
+
+def scan_knob_tokens(argv: Sequence[str]) -> List[KnobToken]:
+    """Every DSpark flag of `argv` with its own verdict, as `dspark-serve` would judge it
+    (the same parsers and messages); other arguments are skipped. Never raises."""
+    found: List[KnobToken] = []
+    i = 0
+    while i < len(argv):
+        token = str(argv[i])
+        name, eq, inline = token.partition("=")
+        i += 1
+        if name != ENABLE_FLAG and not name.startswith(KNOB_FLAG_PREFIX):
+            continue
+        knob = KNOBS_BY_FLAG.get(name)
+        if knob is None:
+            found.append(KnobToken(name, name, inline if eq else None, unknown_flag_error(name)))
+            continue
+        if eq:
+            raw: Optional[str] = inline
+        elif knob.is_switch:
+            raw = ""
+        elif i < len(argv):
+            raw = str(argv[i])
+            i += 1
+        else:
+            found.append(KnobToken(knob.name, name, None, KnobError(knob.flag, "", knob.allowed,
+                                                                   "the flag needs a value")))
+            continue
+        try:
+            knob.parse(knob.flag, raw)
+            error = None
+        except KnobError as e:
+            error = e
+        found.append(KnobToken(knob.name, name, raw, error))
+    return found
 
 
 def build_knobs(raw: Dict[str, Any], where: Callable[[Knob], str] = lambda k: k.flag) -> DSparkKnobs:

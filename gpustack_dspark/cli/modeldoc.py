@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpustack_dspark import backend_ids
+from gpustack_dspark import backend_ids, bounded
 from gpustack_dspark.cli import gpustack_fields as gf
 from gpustack_dspark.cli.yamldoc import Document, Path, SpecError, dotted, load_documents
 from gpustack_dspark.knobs import (ENABLE_FLAG, KNOB_FLAG_PREFIX, KNOBS, KNOBS_BY_FLAG, KNOBS_BY_NAME,
@@ -61,9 +61,9 @@ class ModelDocument:
 def load_file(path: str) -> List[ModelDocument]:
     """Read and validate a model YAML file; SpecErrors lists everything wrong with it."""
     try:
-        text = FsPath(path).read_text()
-    except OSError as e:
-        raise SpecErrors([SpecError(path, None, None, "", None, f"cannot read the file: {e.strerror or e}")])
+        text = bounded.read_text(path, bounded.MODEL_FILE)
+    except bounded.BoundedError as e:
+        raise SpecErrors([SpecError(path, None, None, "", e.line, e.problem)]) from None
     return parse_text(text, path, FsPath(path).resolve().parent)
 
 
@@ -131,7 +131,10 @@ class _Checker:
     def run(self) -> Optional[ModelDocument]:
         data = self.doc.data
         if not isinstance(data, dict):
-            self.fail((), f"a model document is a mapping of fields, not {type(data).__name__}")
+            kind = {"list": "a list", "str": "a plain value", "int": "a number", "float": "a number",
+                    "bool": "a boolean"}.get(type(data).__name__, type(data).__name__)
+            self.fail((), f"a model document is a mapping of fields (name: ..., backend: ...), not {kind}; "
+                          "several models go in separate documents split by '---', not in a list")
             return None
         entry: Dict[str, Any] = {}
         for key, value in data.items():
@@ -347,12 +350,9 @@ class _Checker:
             # runs the model does not have the user's files.
             file = (self.base_dir / schema).resolve()
             try:
-                schema = json.loads(file.read_text())
-            except OSError as e:
-                self.fail(spath, f"cannot read the schema file {str(file)!r}: {e.strerror or e}")
-                return
-            except json.JSONDecodeError as e:
-                self.fail(spath, f"{str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}")
+                schema = bounded.read_json(file, bounded.SCHEMA)
+            except bounded.BoundedError as e:
+                self.fail(spath, f"the schema file {str(file)!r}: {e}")
                 return
             if not isinstance(schema, dict):
                 self.fail(spath, f"{str(file)!r} holds a {type(schema).__name__}; a JSON Schema is an object")
