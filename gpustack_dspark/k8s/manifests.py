@@ -23,18 +23,39 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from gpustack_dspark import bounded
 from gpustack_dspark.labels import is_label_value, parse_label_key
 from gpustack_dspark.settings import FLAGS, FLAG_DISABLE, resolve_settings
 
 KUBERNETES_VERSION = "1.32"
+# Files handed to the command line (GPUStack's chart renders ~2 MiB with its CRDs, whose
+# schemas nest deep).
+MANIFEST_FILES = bounded.Limits(max_bytes=64 * bounded.MiB, max_depth=128, max_nodes=5_000_000)
 SERVER_CONFIGMAP = "server-config"  # GPUStack's chart: the server's environment (server_config)
 
 
 def load_objects(text: str) -> List[dict]:
+    """`helm template` output we made ourselves (the tests); files from users: `read_objects`."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
+
+
+def read_objects(path: str) -> List[dict]:
+    """A file handed to us, read bounded (size, depth, aliases); BoundedError in one line."""
+    import yaml
+
+    text = bounded.read_text(path, MANIFEST_FILES)
+    try:
+        docs = bounded.load_yaml_all(text, MANIFEST_FILES)
+    except yaml.YAMLError as e:
+        raise bounded.yaml_problem(e) from None
+    objects = [doc for doc in docs if doc]
+    for doc in objects:
+        if not isinstance(doc, dict):
+            raise bounded.BoundedError(f"a document is a {type(doc).__name__}, not a Kubernetes object")
+    return objects
 
 
 def name_of(obj: dict) -> str:
@@ -214,8 +235,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     objects = []
     for path in args.files:
-        with open(path) as f:
-            objects += load_objects(f.read())
+        try:
+            objects += read_objects(path)
+        except bounded.BoundedError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            return 2
     report = check(objects, args.kubernetes_version)
     for error in report.errors:
         print(error, file=sys.stderr)

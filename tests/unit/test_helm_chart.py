@@ -231,6 +231,11 @@ def test_the_check_command_line(tmp_path, base):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("4 objects: 4 against Kubernetes 1.32's strict schemas, 0 against their CRDs, "
                                    "no schema here: none; 0 error(s)")
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 200 + "]" * 200 + "\n")
+    deep = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "gpustack_dspark.k8s.manifests",
+                           str(tmp_path / "deep.yaml")], capture_output=True, text=True, timeout=60)
+    assert deep.returncode == 2
+    assert deep.stderr.strip() == f"{tmp_path / 'deep.yaml'}: nested deeper than 128 levels; allowed: at most 128 (line 1)"
 
 
 # -- the server image -------------------------------------------------------------------------
