@@ -2,7 +2,8 @@
 reading nodes with the real `kubernetes` client from a Kubernetes API STAND-IN
 (`devstack/stand_in_kube_api.py`: no kube-apiserver can run on these machines).
 
-One server for the module. Negative checks ("still labelled", "untouched") wait for two
+One server for the module. (A bad kubeconfig turning off only this feature is checked on the
+config-file server of test_fault_safety.py, which starts anyway.) Negative checks ("still labelled", "untouched") wait for two
 more sync passes after the change first, so they are judged after the sync had its chance.
 """
 
@@ -201,34 +202,3 @@ def test_one_writer_holds_the_lock_and_another_stands_by(stack, postgres):
 
     held, kind, holders = asyncio.run(second_writer())
     assert (held, kind, holders) == (False, "postgresql advisory lock", 1)
-
-
-def test_a_bad_kubeconfig_turns_off_only_this_feature(stack, tmp_path):
-    """The same server restarted (same database and data) with a kubeconfig that is not one."""
-    server, api, workers = stack
-    for worker in workers.values():
-        worker.stop()
-    api.close()  # no keep-alive connection left for the server's graceful shutdown to wait on
-    server.stop()
-    bad = tmp_path / "kubeconfig"
-    bad.write_text("clusters: [this is not a kubeconfig\n")
-    server.extra_args = ["--dspark-node-label-sync-selector", SELECTOR,
-                         "--dspark-node-label-sync-kubeconfig", str(bad)]
-    server.start()
-    key = api.api_key  # same database: the key still works
-
-    def answered():  # a server just started on a loaded machine may take a while to answer
-        try:
-            status = dspark_status(server, key)
-        except httpx.TimeoutException:
-            return None
-        return status["features"]["backend_registration"]["state"] == "enabled" and status
-
-    status = wait_for(answered, 120, "the backend registration after the restart")
-    feature = status["features"]["node_label_sync"]
-    assert feature["state"] == "disabled"
-    assert feature["reason"].startswith(f"cannot load the kubeconfig {bad}: ")
-    assert status["features"]["routing"]["state"] == "enabled"
-    assert status["node_label_sync"] is None
-    assert "\n" not in feature["reason"]
-    assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
