@@ -7,13 +7,20 @@ WORKER_VENV := .venv-worker
 WORKER_LOCK := backend_images/cpu/requirements.lock
 WORKER_STAMP := $(WORKER_VENV)/.installed-stamp
 
-.PHONY: setup system venv worker-venv test unit demo clean
+.PHONY: setup system venv worker-venv tools test unit demo clean
 
-setup: system venv worker-venv
+setup: system venv worker-venv tools
 
 # System packages the devstack needs (PostgreSQL server binaries); installed only if missing.
 system:
 	@bash scripts/install-system-packages.sh
+
+# Tools the tests run that no package manager of this machine has: helm (pinned, checked).
+HELM := .tools/helm-3.18.0/helm
+tools: $(HELM)
+
+$(HELM): scripts/install-helm.sh
+	@bash scripts/install-helm.sh
 
 venv: $(STAMP)
 
@@ -37,7 +44,7 @@ $(WORKER_STAMP): pyproject.toml $(WORKER_LOCK)
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-unit: venv
+unit: venv tools
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 demo: setup

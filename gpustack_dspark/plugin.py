@@ -15,6 +15,7 @@ from gpustack.extension import Plugin
 from gpustack_dspark import __version__, backend
 from gpustack_dspark.admission import gpustack_patches as admission_patches
 from gpustack_dspark.admission.body_limit import BodyLimitMiddleware
+from gpustack_dspark.k8s.feature import NodeLabelSync
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
 from gpustack_dspark.observe.status import build_status_router
@@ -27,6 +28,7 @@ from gpustack_dspark.settings import (
     command_line_values,
     images_from_environment,
     resolve_settings,
+    server_image_from_environment,
     settings_from_config,
     settings_to_config,
 )
@@ -43,10 +45,11 @@ FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes
 FEATURE_METRICS_COLLECTION = "metrics_collection"  # GPUStack's workers scrape DSpark replicas
 FEATURE_ADMISSION = "admission"  # bad DSpark knobs refused where GPUStack validates models
 FEATURE_START_FAILURES = "start_failure_reasons"  # a replica's config error in state_message, no restart loop
+FEATURE_NODE_LABEL_SYNC = "node_label_sync"  # Kubernetes node labels -> the JSON worker label
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
                      FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION, FEATURE_ADMISSION,
-                     FEATURE_START_FAILURES)
+                     FEATURE_START_FAILURES, FEATURE_NODE_LABEL_SYNC)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -66,7 +69,8 @@ class DSparkPlugin(Plugin):
 
     @classmethod
     def extra_image_list(cls) -> List[str]:
-        return list(images_from_environment())
+        # The worker images GPUStack's workers pull, and the server image with the plugin.
+        return [*images_from_environment(), server_image_from_environment()]
 
     def __init__(self, app, cfg) -> None:
         self.features = FeatureRegistry()
@@ -76,6 +80,7 @@ class DSparkPlugin(Plugin):
         self.placement_policy: Optional[PlacementPolicy] = None
         self._tasks: List[Callable[[], Awaitable[None]]] = []
         self.routing = RoutingFeature()
+        self.node_label_sync: Optional[NodeLabelSync] = None
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
         try:
@@ -109,6 +114,7 @@ class DSparkPlugin(Plugin):
         self._apply_placement_policy()
         self._apply_routing(app)
         self._apply_metrics_collection(app)
+        self._apply_node_label_sync()
         self._apply_admission(app)
         self._tasks.append(self._register_backend)
         logger.info(
@@ -158,6 +164,31 @@ class DSparkPlugin(Plugin):
             return
         self.features.enable(FEATURE_METRICS_COLLECTION, runtime=backend.BACKEND_NAME)
 
+    def _apply_node_label_sync(self) -> None:
+        selector = self.settings.node_label_sync_selector
+        if not selector:
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, "not configured (--dspark-node-label-sync-selector)")
+            return
+        sync = NodeLabelSync(selector, self.settings.node_label_sync_kubeconfig, self.settings.json_label,
+                             lambda reason, **detail: self.features.running(FEATURE_NODE_LABEL_SYNC, reason, **detail))
+        try:
+            sync.start()
+        except Exception as e:
+            logger.error("DSpark node-label sync is off: %s", e)
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, str(e), selector=selector)
+            return
+        self.node_label_sync = sync
+        self.features.running(FEATURE_NODE_LABEL_SYNC, "starting", selector=selector)
+        self._tasks.append(self._run_node_label_sync)
+
+    async def _run_node_label_sync(self) -> None:
+        try:
+            await self.node_label_sync.task()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in the sync: this feature off, the server unaffected
+            logger.exception("DSpark node-label sync stopped")
+            self.features.disable(FEATURE_NODE_LABEL_SYNC, f"stopped: {type(e).__name__}: {e}")
     def _apply_admission(self, app) -> None:
         for feature, apply in ((FEATURE_ADMISSION, lambda: self._admission_patches(app)),
                                (FEATURE_START_FAILURES, lambda: admission_patches.explain_start_failures(app))):
@@ -247,4 +278,5 @@ class DSparkPlugin(Plugin):
             },
             "features": self.features.snapshot(),
             "routing": self.routing.status(),
+            "node_label_sync": self.node_label_sync.status() if self.node_label_sync else None,
         }

@@ -13,11 +13,18 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from gpustack_dspark import __version__
-from gpustack_dspark.labels import parse_label
+from gpustack_dspark.labels import parse_label, parse_selector, selector_text
+from gpustack_dspark.versions import SUPPORTED_GPUSTACK_VERSION
 
 DEFAULT_JSON_LABEL = "role=json-inference"
 DEFAULT_CUDA_IMAGE = f"gpustack-dspark-worker:{__version__}-cuda"
 DEFAULT_CPU_IMAGE = f"gpustack-dspark-worker:{__version__}-cpu"
+# The GPUStack server image with the plugin (backend_images/server/); only listed for
+# `gpustack list-images` / `save-images` (GPUSTACK_DSPARK_SERVER_IMAGE overrides the name).
+SERVER_IMAGE_REPOSITORY = "gpustack-dspark/gpustack-dspark-server"
+SERVER_IMAGE_TAG = f"{__version__}-gpustack{SUPPORTED_GPUSTACK_VERSION}"
+DEFAULT_SERVER_IMAGE = f"{SERVER_IMAGE_REPOSITORY}:{SERVER_IMAGE_TAG}"
+SERVER_IMAGE_ENV = "GPUSTACK_DSPARK_SERVER_IMAGE"
 
 # An OCI image reference: [registry[:port]/]path[:tag][@digest], lowercase path; as in
 # Docker, a first component is a registry only with a dot, a port, or `localhost`.
@@ -45,6 +52,19 @@ def parse_directory(value: str) -> str:
     reads it, so a missing directory turns off that feature, not the server."""
     if not value.strip():
         raise ValueError("the directory path is empty")
+    return os.path.abspath(value)
+
+
+def parse_node_selector(value: str) -> str:
+    """A Kubernetes label selector for the node-label sync (normalised text)."""
+    return selector_text(parse_selector(value))
+
+
+def parse_file(value: str) -> str:
+    """A file path (made absolute). Whether it is readable is checked by the feature that
+    reads it, so a missing file turns off that feature, not the server."""
+    if not value.strip():
+        raise ValueError("the file path is empty")
     return os.path.abspath(value)
 
 
@@ -84,8 +104,19 @@ FLAG_DISABLE = Flag("dspark_disable", "--dspark-disable", "GPUSTACK_DSPARK_DISAB
 FLAG_POLICY_DIR = Flag("dspark_policy_dir", "--dspark-policy-dir", "GPUSTACK_DSPARK_POLICY_DIR",
                        "policy_dir", parse_directory, "none: built-in policies", "DIR",
                        "directory of the plugin's policy files (placement.yaml)")
-FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE, FLAG_POLICY_DIR)
-VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_POLICY_DIR)
+FLAG_NODE_SELECTOR = Flag("dspark_node_label_sync_selector", "--dspark-node-label-sync-selector",
+                          "GPUSTACK_DSPARK_NODE_LABEL_SYNC_SELECTOR", "node_label_sync_selector",
+                          parse_node_selector, "none: the sync is off", "SELECTOR",
+                          "Kubernetes label selector of the nodes whose GPUStack workers get the JSON label "
+                          "(turns the node-label sync on), e.g. gpustack-dspark.io/json-inference=true")
+FLAG_KUBECONFIG = Flag("dspark_node_label_sync_kubeconfig", "--dspark-node-label-sync-kubeconfig",
+                       "GPUSTACK_DSPARK_NODE_LABEL_SYNC_KUBECONFIG", "node_label_sync_kubeconfig",
+                       parse_file, "none: in-cluster config", "FILE",
+                       "kubeconfig file the node-label sync reads the Kubernetes API with")
+FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_DISABLE, FLAG_POLICY_DIR,
+         FLAG_NODE_SELECTOR, FLAG_KUBECONFIG)
+VALUE_FLAGS = (FLAG_JSON_LABEL, FLAG_CUDA_IMAGE, FLAG_CPU_IMAGE, FLAG_POLICY_DIR, FLAG_NODE_SELECTOR,
+               FLAG_KUBECONFIG)
 
 
 def _argparse_type(flag: Flag, environ: Mapping[str, str]):
@@ -110,6 +141,8 @@ class PluginSettings:
     cpu_image: str = DEFAULT_CPU_IMAGE
     disabled: bool = False
     policy_dir: Optional[str] = None
+    node_label_sync_selector: Optional[str] = None
+    node_label_sync_kubeconfig: Optional[str] = None
 
     @property
     def json_label_text(self) -> str:
@@ -117,7 +150,9 @@ class PluginSettings:
 
     def as_dict(self) -> Dict[str, object]:
         return {"json_label": self.json_label_text, "cuda_image": self.cuda_image,
-                "cpu_image": self.cpu_image, "disabled": self.disabled, "policy_dir": self.policy_dir}
+                "cpu_image": self.cpu_image, "disabled": self.disabled, "policy_dir": self.policy_dir,
+                "node_label_sync_selector": self.node_label_sync_selector,
+                "node_label_sync_kubeconfig": self.node_label_sync_kubeconfig}
 
 
 def add_start_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
@@ -204,3 +239,10 @@ def images_from_environment(environ: Mapping[str, str] = os.environ) -> Tuple[st
         except ValueError:
             images.append(flag.default_text)
     return images[0], images[1]
+
+
+def server_image_from_environment(environ: Mapping[str, str] = os.environ) -> str:
+    try:
+        return parse_image(environ.get(SERVER_IMAGE_ENV) or DEFAULT_SERVER_IMAGE)
+    except ValueError:
+        return DEFAULT_SERVER_IMAGE

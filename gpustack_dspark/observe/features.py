@@ -45,6 +45,11 @@ class FeatureRegistry:
         with self._lock:
             self._features[name] = FeatureState(DISABLED, reason, detail)
 
+    def running(self, name: str, reason: Optional[str] = None, **detail: object) -> None:
+        """Enabled, with the reason while something it depends on is failing (it retries)."""
+        with self._lock:
+            self._features[name] = FeatureState(ENABLED, reason, detail)
+
     def get(self, name: str) -> FeatureState:
         with self._lock:
             return self._features.get(name, FeatureState())

@@ -4,7 +4,7 @@ import httpx
 import pytest
 
 from gpustack_dspark import backend
-from tests.conftest import admin_api, dspark_status, wait_for
+from tests.conftest import admin_api, dspark_status, wait_backend_registered, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,11 +66,26 @@ def test_disable_switch_turns_features_off(start_server):
 
 
 def test_config_file_settings_reach_the_plugin(start_server, tmp_path):
+    """Also: the node-label sync configured with a kubeconfig that is not one turns off that
+    feature only (this server start serves both checks)."""
     config = tmp_path / "gpustack.yaml"
-    config.write_text("dspark_json_label: pool=json\ndspark_cpu_image: localhost/dspark-worker:from-file\n")
+    bad_kubeconfig = tmp_path / "kubeconfig"
+    bad_kubeconfig.write_text("clusters: [this is not a kubeconfig\n")
+    config.write_text("dspark_json_label: pool=json\ndspark_cpu_image: localhost/dspark-worker:from-file\n"
+                      "dspark_node_label_sync_selector: gpustack-dspark.io/json-inference=true\n"
+                      f"dspark_node_label_sync_kubeconfig: {bad_kubeconfig}\n")
     server = start_server(extra_args=["--config-file", str(config)])
     api = admin_api(server)
     status = dspark_status(server, api.api_key)
     assert status["settings"]["json_label"] == "pool=json"
     assert status["settings"]["cpu_image"] == "localhost/dspark-worker:from-file"
+    assert status["settings"]["node_label_sync_selector"] == "gpustack-dspark.io/json-inference=true"
+    sync = status["features"]["node_label_sync"]
+    assert sync["state"] == "disabled" and "\n" not in sync["reason"]
+    assert sync["reason"].startswith(f"cannot load the kubeconfig {bad_kubeconfig}: ParserError: ")
+    assert status["node_label_sync"] is None
+    for other in ("placement_policy", "routing", "metrics_collection", "admission"):
+        assert status["features"][other]["state"] == "enabled", other
+    wait_backend_registered(server, api.api_key)  # GPUStack and the rest of the plugin carry on
+    _assert_gpustack_serves(server, api)
     server.stop()

@@ -1,0 +1,1 @@
+"""Kubernetes: the node-label sync (server side) and the manifest checks of deploy/helm/."""
