@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from gpustack_dspark.knobs import KnobError
+from gpustack_dspark.worker import request_limits
 
 COMPILE_TIMEOUT_S = 10.0
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:NN: ".
@@ -76,8 +77,14 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             return f"the schema is not valid JSON: {e.msg}"
+        except RecursionError:
+            return f"the schema is nested more than {request_limits.MAX_SCHEMA_DEPTH} levels deep"
     if not isinstance(schema, (dict, bool)):
         return "a JSON Schema must be an object"
+    try:  # before any library that recurses or loops on them
+        request_limits.check_schema(schema)
+    except request_limits.LimitExceeded as e:
+        return str(e)
     text = json.dumps(schema, sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()
     with _lock:
