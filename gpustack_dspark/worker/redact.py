@@ -92,8 +92,28 @@ def secret_values(argv: Sequence[str]) -> List[str]:
         if original == shown:
             continue
         name, eq, value = original.partition("=")
-        if eq and original.startswith("-"):
-            values.append(value)
-        elif not original.startswith("-"):
-            values.append(original)
+        text = value if eq and original.startswith("-") else original
+        if shown.endswith(REDACTED) and not shown.endswith(f'"{REDACTED}"'):
+            values.append(text)
+        else:  # a JSON value with secret keys: their values
+            values.extend(_json_secrets(text))
     return [v for v in values if v]
+
+
+def _json_secrets(text: str) -> List[str]:
+    try:
+        stack = [json.loads(text)]
+    except (ValueError, RecursionError):
+        return []
+    out: List[str] = []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if is_secret_name(str(k)) and isinstance(v, str):
+                    out.append(v)
+                else:
+                    stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
