@@ -159,7 +159,16 @@ class DSparkMiddleware:
                     "or response_format", param=legacy[0]))
 
         if schema is not None and schema is not state.default_schema:
-            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, schema)
+            grammar_schema, dropped = schema, []
+            if not body.get("stream"):  # streams are not reply-checked: only what the grammar enforces
+                grammar_schema, dropped = schema_check.relax_for_xgrammar(schema)
+            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, grammar_schema)
+            if not problem and dropped:
+                # The grammar enforces the rest; the reply check below still validates against `schema`.
+                body = json_default.with_schema(body, grammar_schema)
+                state.count("relaxed")
+                logger.info("schema relaxed for the grammar engine (reply still checked): dropped %s",
+                            ", ".join(dropped[:5]))
             if problem:
                 state.count("rejected")
                 return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {problem}",

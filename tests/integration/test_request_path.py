@@ -10,7 +10,9 @@
 """
 
 import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import List
 
 import httpx
@@ -21,7 +23,7 @@ from pydantic import BaseModel
 
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.postgres import free_port
-from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
 from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
 from tests.conftest import admin_api, dspark_status, wait_for
 from tests.integration.test_routing import join_listening_cpu_worker
@@ -143,6 +145,38 @@ def test_an_unreachable_replica_stays_503(stack, stream):
     r = wait_for(answer, 60, "the unreachable model's route")
     assert r.status_code in (502, 503), r.text[:300]
     assert "max_tokens" not in r.text
+
+
+# ---- part 1 (in part): schemas vLLM's xgrammar backend refuses ---------------------------------
+
+RELAXED_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["user_id", "amount"], "properties": {
+    "user_id": {"type": "integer", "minimum": 0, "maximum": 1000, "multipleOf": 7},
+    "amount": {"type": "number"}}}
+
+
+def test_a_schema_vllm_refuses_is_served_relaxed_and_reply_checked(stack):
+    _, _, replica, _ = stack
+    before = replica.info()["requests"]
+    served = []
+    for i in range(3):
+        r = _proxy(stack, {"max_tokens": 96, "seed": i, "messages": [
+            {"role": "user", "content": f"Create an order record for user {7 * (i + 1)}: buy {i + 2.5}."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": RELAXED_SCHEMA}}})
+        # Served (the grammar without multipleOf; the reply check with it): valid, cut, or withheld.
+        assert r.status_code in (200, 500), r.text[:300]
+        if r.status_code == 500:
+            assert r.json()["error"]["type"] == "SchemaViolationError"
+            continue
+        choice = r.json()["choices"][0]
+        if choice["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(choice["message"]["content"]), RELAXED_SCHEMA)
+        served.append(choice["finish_reason"])
+    after = replica.info()["requests"]
+    assert after["relaxed"] == before["relaxed"] + 3
+    # Streamed replies are not reply-checked, so there it stays a 400 naming the keyword.
+    r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "order", "schema": RELAXED_SCHEMA}}}, stream=True)
+    assert r.status_code == 400 and "multipleOf on a number, at /properties/user_id" in r.json()["error"]["message"]
 
 
 # ---- the OpenAI SDK's JSON paths through GPUStack ---------------------------------------------
@@ -346,3 +380,26 @@ def test_open_replica_info_stays_open(stack):
     _, _, replica, _ = stack
     info = httpx.get(f"{replica.base_url}/dspark/info", timeout=5)
     assert info.status_code == 200 and info.json()["auth"] == {"api_key_required": False}
+
+
+def test_the_named_refusals_agree_with_vllms_own_check_on_the_bench():
+    """Same verdict as vLLM's has_xgrammar_unsupported_json_features for every bench schema
+    (that function is vLLM's; run in the worker venv)."""
+    if not worker_python().exists():
+        pytest.skip("no worker venv")
+    script = r"""
+import json, pathlib, sys
+from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features as vllm_says
+from gpustack_dspark.worker.schema_check import xgrammar_unsupported
+bench = pathlib.Path(sys.argv[1])
+diff = [p.name for p in sorted(bench.glob("*/*.json"))
+        if isinstance(s := json.loads(p.read_text()), dict) and vllm_says(s) != (xgrammar_unsupported(s) is not None)]
+print(json.dumps(diff))
+"""
+    bench = Path("/work/shared/data/jsonschemabench")
+    if not bench.exists():
+        pytest.skip("no JSONSchemaBench data")
+    done = subprocess.run([str(worker_python()), "-c", script, str(bench)], capture_output=True, text=True,
+                          timeout=300, env=worker_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -172,3 +172,47 @@ def test_tool_call_parser_is_overridable_and_in_the_plan():
     assert plan.vllm_argv.count("--enable-auto-tool-choice") == 1
     assert plan.vllm_argv[plan.vllm_argv.index("--tool-call-parser") + 1] == "hermes"
     assert plan.tool_calls["parser"] == "hermes"
+
+
+@pytest.mark.parametrize("schema,words", [
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems on an array, at (root)"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}},
+     "multipleOf on a number, at /properties/n"),
+    ({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$", "maxLength": 4}}},
+     "pattern or format together with minLength/maxLength"),
+    ({"type": "object", "properties": {"s": {"type": "string", "format": "iri"}}}, "format 'iri'"),
+    ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf with more than one branch"),
+])
+def test_what_vllms_xgrammar_backend_refuses_is_named(schema, words):
+    from gpustack_dspark.worker.schema_check import xgrammar_unsupported
+
+    assert words in xgrammar_unsupported(schema)
+
+
+
+def test_relaxing_drops_only_what_xgrammar_refuses_and_keeps_the_original():
+    from gpustack_dspark.worker.json_default import requested_schema, with_schema
+    from gpustack_dspark.worker.schema_check import relax_for_xgrammar, xgrammar_unsupported
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "tags", "code"], "properties": {
+        "n": {"type": "integer", "multipleOf": 5, "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "format": "iri"}, "uniqueItems": True},
+        "code": {"type": "string", "pattern": "^[A-Z]+$", "maxLength": 8},
+        "both": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                           {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}}}
+    original = json.dumps(schema, sort_keys=True)
+    relaxed, dropped = relax_for_xgrammar(schema)
+    assert json.dumps(schema, sort_keys=True) == original  # the reply check keeps the original
+    assert xgrammar_unsupported(relaxed) is None
+    assert sorted(dropped) == sorted(["multipleOf at /properties/n", "uniqueItems at /properties/tags",
+                                      "format at /properties/tags/items", "maxLength at /properties/code",
+                                      "allOf at /properties/both (merged)"])
+    assert relaxed["properties"]["n"] == {"type": "integer", "minimum": 0}
+    assert relaxed["properties"]["code"] == {"type": "string", "pattern": "^[A-Z]+$"}
+    assert relaxed["properties"]["both"] == {"type": "object", "properties": {"a": {"type": "integer"},
+                                             "b": {"type": "string"}}, "required": ["a", "b"]}
+    assert relax_for_xgrammar({"type": "string"}) == ({"type": "string"}, [])
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    assert requested_schema(with_schema(body, relaxed)) == relaxed and requested_schema(body) == schema
+    so = {"structured_outputs": {"json": schema}}
+    assert requested_schema(with_schema(so, relaxed)) == relaxed
