@@ -93,6 +93,9 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
             return _verdicts[key]
     verdict = _meta_schema_problem(schema) or xgrammar_unsupported(schema)
     if verdict is None:
+        # Loading the tokenizer and compiler happens once and is not the schema's cost: the
+        # bound below covers the compile only (on a busy 2-core machine the load alone took >10 s).
+        _pool.submit(_grammar_compiler).result()
         future = _pool.submit(_compile_problem, text)
         try:
             verdict = future.result(timeout=timeout_s)
