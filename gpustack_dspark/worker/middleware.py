@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from gpustack_dspark.worker import json_default, request_limits, schema_check, state as worker_state
@@ -30,6 +31,9 @@ INFO_PATH = "/dspark/info"
 HEALTH_PROBE_TIMEOUT_S = 0.8
 ANY_JSON: Dict[str, Any] = {}  # the empty schema: "any JSON value" (json_object replies)
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# "0": refuse what vLLM's xgrammar backend refuses instead of relaxing it (the behaviour before
+# issue 20; bench/schema_bench.py compares both).
+RELAX_ENV = "DSPARK_SCHEMA_RELAX"
 
 Scope = Dict[str, Any]
 Message = Dict[str, Any]
@@ -160,7 +164,8 @@ class DSparkMiddleware:
 
         if schema is not None and schema is not state.default_schema:
             grammar_schema, dropped = schema, []
-            if not body.get("stream"):  # streams are not reply-checked: only what the grammar enforces
+            if not body.get("stream") and os.environ.get(RELAX_ENV, "1") != "0":
+                # streams are not reply-checked, so they get only what the grammar enforces
                 grammar_schema, dropped = schema_check.relax_for_xgrammar(schema)
             problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, grammar_schema)
             if not problem and dropped:

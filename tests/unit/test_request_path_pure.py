@@ -216,3 +216,19 @@ def test_relaxing_drops_only_what_xgrammar_refuses_and_keeps_the_original():
     assert requested_schema(with_schema(body, relaxed)) == relaxed and requested_schema(body) == schema
     so = {"structured_outputs": {"json": schema}}
     assert requested_schema(with_schema(so, relaxed)) == relaxed
+
+
+def test_schema_bench_classifies_each_answer():
+    from gpustack_dspark.bench.schema_bench import classify
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def ok(content, finish="stop"):
+        return {"choices": [{"finish_reason": finish, "message": {"content": content}}]}
+
+    assert classify(schema, 200, ok('{"a": 1}')) == ("valid", "")
+    assert classify(schema, 200, ok('{"a": ', "length")) == ("cut", "")
+    assert classify(schema, 200, ok('{"a": "x"}'))[0] == "invalid"
+    assert classify(schema, 500, {"error": {"type": "SchemaViolationError", "message": "withheld"}})[0] == "withheld"
+    assert classify(schema, 400, {"error": {"message": "not usable: x"}}) == ("refused", "400 not usable: x")
+    assert classify(schema, 503, {"error": {"message": "An unexpected error occurred"}})[0] == "refused"
