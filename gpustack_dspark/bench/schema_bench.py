@@ -146,7 +146,7 @@ def run_config(name: str, pass_status: bool, relax: bool, pg, base: Path, paths,
                             env={"DSPARK_SCHEMA_RELAX": "1" if relax else "0"})
     pg.reset()
     server = GPUStackServer(data_dir=base / f"server-{name}", database_url=pg.url,
-                            extra_args=["--dspark-policy-dir", str(policy_dir)]).start()
+                            extra_args=["--dspark-policy-dir", str(policy_dir)]).start(timeout_s=600)
     key = server.create_api_key()
     api = GPUStackAPI(server.url, key)
     worker = keeper = None
