@@ -3,7 +3,7 @@
 Everything else derives from this table: the backend's deploy-form hints (backend.py), the
 worker launcher (translate.py, worker/), and the model YAML. Flags and YAML share the parsers
 here, so a bad value gets the same message wherever it was written.
-This module imports nothing of ours and does no I/O.
+This module imports only `bounded` (a leaf: bounded JSON) of ours and does no I/O.
 """
 
 import difflib
@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from gpustack_dspark import bounded
 
 METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
@@ -100,10 +102,10 @@ def _schema_source(where: str, raw: Any) -> str:
     value = _text("a JSON Schema: inline JSON object or a file path")(where, raw)
     if value.startswith(("{", "[")):
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
+            parsed = bounded.loads_json(value, bounded.SCHEMA)
+        except bounded.BoundedError as e:
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
-                            f"not valid JSON: {e.msg} at char {e.pos}") from None
+                            e.problem) from None
         if not isinstance(parsed, dict):
             raise KnobError(where, _short(value), "a JSON Schema: inline JSON object or a file path",
                             "a schema must be a JSON object")
@@ -225,29 +227,68 @@ def split_knob_args(argv: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
     Returns raw values keyed by knob name, and the pass-through argv in order.
     """
     raw: Dict[str, Any] = {}
-    rest: List[str] = []
+    tokens = scan_knob_tokens(argv, check_values=False)
+    for token in tokens:
+        if token.error is not None:
+            raise token.error
+        raw[token.key] = token.raw
+    return raw, rest_of(argv, tokens)
+
+
+@dataclass(frozen=True)
+class KnobToken:
+    """One DSpark flag found in an argv: `key` is the knob name (or the flag itself when it is
+    not a DSpark flag we know), `raw` the value as written, `error` what is wrong with it,
+    `index` where the flag stands and `width` how many argv items it took (1 or 2)."""
+    key: str
+    flag: str
+    raw: Optional[str]
+    error: Optional[KnobError]
+    index: int = 0
+    width: int = 1
+
+
+def scan_knob_tokens(argv: Sequence[str], check_values: bool = True) -> List[KnobToken]:
+    """Every DSpark flag of `argv` with its own verdict, as `dspark-serve` judges it (the same
+    parsers and messages; `check_values=False`: only unknown flags and missing values); other
+    arguments are skipped. Accepts `--flag=value` and `--flag value`. Never raises."""
+    found: List[KnobToken] = []
     i = 0
     while i < len(argv):
-        token = argv[i]
-        name, eq, inline = token.partition("=")
-        if name == ENABLE_FLAG or name.startswith(KNOB_FLAG_PREFIX):
-            knob = KNOBS_BY_FLAG.get(name)
-            if knob is None:
-                raise unknown_flag_error(name)
-            if eq:
-                raw[knob.name] = inline
-            elif knob.is_switch:
-                raw[knob.name] = ""
-            elif i + 1 < len(argv):
-                i += 1
-                raw[knob.name] = argv[i]
-            else:
-                raise KnobError(knob.flag, "", knob.allowed, "the flag needs a value")
-            i += 1
-            continue
-        rest.append(token)
+        start = i
+        name, eq, inline = str(argv[i]).partition("=")
         i += 1
-    return raw, rest
+        if name != ENABLE_FLAG and not name.startswith(KNOB_FLAG_PREFIX):
+            continue
+        knob = KNOBS_BY_FLAG.get(name)
+        if knob is None:
+            found.append(KnobToken(name, name, inline if eq else None, unknown_flag_error(name), start))
+            continue
+        if eq:
+            raw: Optional[str] = inline
+        elif knob.is_switch:
+            raw = ""
+        elif i < len(argv):
+            raw = str(argv[i])
+            i += 1
+        else:
+            found.append(KnobToken(knob.name, name, None, KnobError(knob.flag, "", knob.allowed,
+                                                                   "the flag needs a value"), start))
+            continue
+        error = None
+        if check_values:
+            try:
+                knob.parse(knob.flag, raw)
+            except KnobError as e:
+                error = e
+        found.append(KnobToken(knob.name, name, raw, error, start, i - start))
+    return found
+
+
+def rest_of(argv: Sequence[str], tokens: Sequence[KnobToken]) -> List[str]:
+    """The arguments of `argv` that are not DSpark flags (they pass to vLLM), in order."""
+    taken = {t.index + k for t in tokens for k in range(t.width)}
+    return [str(a) for n, a in enumerate(argv) if n not in taken]
 
 
 def build_knobs(raw: Dict[str, Any], where: Callable[[Knob], str] = lambda k: k.flag) -> DSparkKnobs:

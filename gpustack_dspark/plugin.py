@@ -13,6 +13,8 @@ from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional
 from gpustack.extension import Plugin
 
 from gpustack_dspark import __version__, backend
+from gpustack_dspark.admission import gpustack_patches as admission_patches
+from gpustack_dspark.admission.body_limit import BodyLimitMiddleware
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
 from gpustack_dspark.observe.status import build_status_router
@@ -39,9 +41,12 @@ FEATURE_PLACEMENT = "placement_policy"
 FEATURE_ROUTING = "routing"  # proxy mode: least-connections, JSON-aware targets, one retry
 FEATURE_GATEWAY_ROUTES = "routing_gateway_routes"  # least-load on DSpark routes (Higress)
 FEATURE_METRICS_COLLECTION = "metrics_collection"  # GPUStack's workers scrape DSpark replicas
+FEATURE_ADMISSION = "admission"  # bad DSpark knobs refused where GPUStack validates models
+FEATURE_START_FAILURES = "start_failure_reasons"  # a replica's config error in state_message, no restart loop
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
-                     FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION)
+                     FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION, FEATURE_ADMISSION,
+                     FEATURE_START_FAILURES)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -104,6 +109,7 @@ class DSparkPlugin(Plugin):
         self._apply_placement_policy()
         self._apply_routing(app)
         self._apply_metrics_collection(app)
+        self._apply_admission(app)
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -151,6 +157,29 @@ class DSparkPlugin(Plugin):
             self.features.disable(FEATURE_METRICS_COLLECTION, f"{type(e).__name__}: {e}")
             return
         self.features.enable(FEATURE_METRICS_COLLECTION, runtime=backend.BACKEND_NAME)
+
+    def _apply_admission(self, app) -> None:
+        for feature, apply in ((FEATURE_ADMISSION, lambda: self._admission_patches(app)),
+                               (FEATURE_START_FAILURES, lambda: admission_patches.explain_start_failures(app))):
+            try:
+                result = apply()
+            except Exception as e:
+                logger.exception("gpustack-dspark %s is off", feature)
+                result = admission_patches.PatchResult(False, f"{type(e).__name__}: {e}")
+            if result.applied:
+                self.features.enable(feature)
+            else:
+                logger.error("gpustack-dspark %s is off: %s", feature, result.reason)
+                self.features.disable(feature, result.reason)
+
+    @staticmethod
+    def _admission_patches(app) -> admission_patches.PatchResult:
+        for patch in (admission_patches.refuse_bad_knobs, admission_patches.bound_import_documents):
+            result = patch()
+            if not result.applied:
+                return result
+        app.add_middleware(BodyLimitMiddleware)
+        return result
 
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError
 
 MIDDLEWARE = "gpustack_dspark.worker.middleware.DSparkMiddleware"
@@ -426,9 +427,9 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
     extra: Dict[str, Any] = {}
     if given is not None:
         try:
-            extra = json.loads(given)
-        except json.JSONDecodeError as e:
-            raise KnobError("--additional-config", given, "a JSON object", f"not valid JSON: {e.msg}") from None
+            extra = bounded.loads_json(given, bounded.SERVER_CONFIG)
+        except bounded.BoundedError as e:
+            raise KnobError("--additional-config", given, "a JSON object", e.problem) from None
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
     extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length}

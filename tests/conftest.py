@@ -81,6 +81,13 @@ def dspark_status(server: GPUStackServer, api_key: str) -> Dict:
     return response.json()
 
 
+def wait_backend_registered(server: GPUStackServer, api_key: str, timeout_s: float = 90,
+                            what: str = "the backend registration") -> Dict:
+    """Wait until the plugin has registered the DSpark backend; the feature's status."""
+    return wait_for(lambda: (f := dspark_status(server, api_key)["features"]["backend_registration"])["state"]
+                    == "enabled" and f, timeout_s, what)
+
+
 @pytest.fixture
 def cpu_worker_factory(tmp_path) -> Iterator[Callable[..., GPUStackWorker]]:
     workers: List[GPUStackWorker] = []

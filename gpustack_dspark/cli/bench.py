@@ -10,12 +10,11 @@ in `bench/` (runner.py, report.py); this module parses and checks the arguments.
 
 import argparse
 import asyncio
-import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from gpustack_dspark import bounded
 from gpustack_dspark.bench import report, workloads
 from gpustack_dspark.bench.load import json_check
 from gpustack_dspark.bench.runner import BenchError, Settings, is_loopback, normalize_target, run_target
@@ -66,11 +65,9 @@ def _check_range(name: str, value: Optional[float]) -> None:
 
 def load_schema(path: str) -> Dict[str, Any]:
     try:
-        schema = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise CLIError(f"--schema {path}: cannot read the file: {e.strerror}") from None
-    except ValueError as e:
-        raise CLIError(f"--schema {path}: not JSON: {e}") from None
+        schema = bounded.read_json(path, bounded.SCHEMA)
+    except bounded.BoundedError as e:
+        raise CLIError(f"--schema {path}: {e}") from None
     try:
         import jsonschema
 

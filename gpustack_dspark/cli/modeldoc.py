@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpustack_dspark import backend_ids
+from gpustack_dspark import backend_ids, bounded
 from gpustack_dspark.cli import gpustack_fields as gf
 from gpustack_dspark.cli.yamldoc import Document, Path, SpecError, dotted, load_documents
 from gpustack_dspark.knobs import (ENABLE_FLAG, KNOB_FLAG_PREFIX, KNOBS, KNOBS_BY_FLAG, KNOBS_BY_NAME,
-                                   DSparkKnobs, KnobError, build_knobs, nearest)
+                                   DSparkKnobs, KnobError, build_knobs, nearest, rest_of, scan_knob_tokens)
 from gpustack_dspark.knobs import knob_flags as knob_flag_names
 from gpustack_dspark.labels import parse_label
 
@@ -61,9 +61,9 @@ class ModelDocument:
 def load_file(path: str) -> List[ModelDocument]:
     """Read and validate a model YAML file; SpecErrors lists everything wrong with it."""
     try:
-        text = FsPath(path).read_text()
-    except OSError as e:
-        raise SpecErrors([SpecError(path, None, None, "", None, f"cannot read the file: {e.strerror or e}")])
+        text = bounded.read_text(path, bounded.MODEL_FILE)
+    except bounded.BoundedError as e:
+        raise SpecErrors([SpecError(path, None, None, "", e.line, e.problem)]) from None
     return parse_text(text, path, FsPath(path).resolve().parent)
 
 
@@ -131,7 +131,10 @@ class _Checker:
     def run(self) -> Optional[ModelDocument]:
         data = self.doc.data
         if not isinstance(data, dict):
-            self.fail((), f"a model document is a mapping of fields, not {type(data).__name__}")
+            kind = {"list": "a list", "str": "a plain value", "int": "a number", "float": "a number",
+                    "bool": "a boolean"}.get(type(data).__name__, type(data).__name__)
+            hint = "; several models go in separate documents split by '---', not in a list" if kind == "a list" else ""
+            self.fail((), f"a model document is a mapping of fields (name: ..., backend: ...), not {kind}{hint}")
             return None
         entry: Dict[str, Any] = {}
         for key, value in data.items():
@@ -347,12 +350,9 @@ class _Checker:
             # runs the model does not have the user's files.
             file = (self.base_dir / schema).resolve()
             try:
-                schema = json.loads(file.read_text())
-            except OSError as e:
-                self.fail(spath, f"cannot read the schema file {str(file)!r}: {e.strerror or e}")
-                return
-            except json.JSONDecodeError as e:
-                self.fail(spath, f"{str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}")
+                schema = bounded.read_json(file, bounded.SCHEMA)
+            except bounded.BoundedError as e:
+                self.fail(spath, f"the schema file {str(file)!r}: {e}")
                 return
             if not isinstance(schema, dict):
                 self.fail(spath, f"{str(file)!r} holds a {type(schema).__name__}; a JSON Schema is an object")
@@ -364,43 +364,23 @@ class _Checker:
 
     def _flags(self, params: List[str], raw: Dict[str, Any], paths: Dict[str, Path]) -> List[str]:
         """Split backend_parameters into DSpark knobs (validated, into raw) and the rest."""
-        rest: List[str] = []
-        i = 0
-        while i < len(params):
-            token = str(params[i])
-            flag, eq, inline = token.partition("=")
-            path = ("backend_parameters", i)
-            if flag != ENABLE_FLAG and not flag.startswith(KNOB_FLAG_PREFIX):
-                rest.append(token)
-                i += 1
-                continue
-            knob = KNOBS_BY_FLAG.get(flag)
+        tokens = scan_knob_tokens(params)
+        for token in tokens:
+            path = ("backend_parameters", token.index)
+            knob = KNOBS_BY_FLAG.get(token.flag)
             if knob is None:
-                hint = nearest(flag, knob_flag_names())
-                self.fail(path, f"{flag} is not a DSpark flag; " + (
+                hint = nearest(token.flag, knob_flag_names())
+                self.fail(path, f"{token.flag} is not a DSpark flag; " + (
                     f"did you mean {hint}?" if hint else f"allowed: {', '.join(knob_flag_names())}"))
-                i += 1
-                continue
-            if eq:
-                value: Any = inline
-            elif knob.is_switch:
-                value = ""
-            elif i + 1 < len(params):
-                i += 1
-                value = str(params[i])
+            elif token.raw is None:
+                self.fail(path, f"{token.flag} needs a value; allowed: {knob.allowed}")
+            elif knob.name in paths and paths[knob.name][0] == "dspark":
+                self.fail(path, f"{token.flag} is also set by {dotted(paths[knob.name])}; keep one")
+            elif token.error is not None:
+                self.fail(path, f"{token.flag}: {_not_allowed(token.error)}")
             else:
-                self.fail(path, f"{flag} needs a value; allowed: {knob.allowed}")
-                break
-            if knob.name in paths and paths[knob.name][0] == "dspark":
-                self.fail(path, f"{flag} is also set by {dotted(paths[knob.name])}; keep one")
-            else:
-                try:
-                    knob.parse(flag, value)
-                    raw[knob.name], paths[knob.name] = value, path
-                except KnobError as e:
-                    self.fail(path, f"{flag}: {_not_allowed(e)}")
-            i += 1
-        return rest
+                raw[knob.name], paths[knob.name] = token.raw, path
+        return rest_of(params, tokens)
 
     def _version(self, entry: Dict[str, Any], device: Optional[str]) -> None:
         version = entry.get("backend_version")

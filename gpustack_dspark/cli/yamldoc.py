@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from gpustack_dspark import bounded
+
 Path = Tuple[Any, ...]  # ("dspark", "warmup", "requests") or ("backend_parameters", 3)
 
 
@@ -57,6 +59,7 @@ def load_documents(text: str, file: str) -> List[Document]:
     """Every non-empty document of `text`; SpecError for YAML that does not parse or
     repeats a key."""
     try:
+        bounded.check_yaml(text, bounded.MODEL_FILE)
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
         datas = list(yaml.safe_load_all(text))
     except yaml.YAMLError as e:
@@ -64,6 +67,8 @@ def load_documents(text: str, file: str) -> List[Document]:
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(file, None, None, "", mark.line + 1 if mark else None,
                         f"not valid YAML: {problem}") from None
+    except bounded.BoundedError as e:
+        raise SpecError(file, None, None, "", e.line, e.problem) from None
     docs: List[Document] = []
     for position, (node, data) in enumerate(zip(nodes, datas), start=1):
         if node is None or data is None:  # a leading or trailing `---`

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-import yaml
+from gpustack_dspark import bounded
 
 from gpustack_dspark.devstack.replica import REPO_ROOT
 
@@ -17,7 +17,8 @@ DEMO_MODEL_FILE = REPO_ROOT / "deploy" / "models" / "cpu-demo.yaml"
 
 def model_name_and_replicas(path: Path) -> Tuple[str, int]:
     """The one model a demo file declares: its name and replica count (GPUStack's default 1)."""
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    docs = [d for d in bounded.load_yaml_all(bounded.read_text(path, bounded.MODEL_FILE), bounded.MODEL_FILE)
+            if d is not None]
     if len(docs) != 1 or not isinstance(docs[0], dict) or not docs[0].get("name"):
         raise ValueError(f"{path}: the demo deploys one model; give a file with one document that has a name")
     return str(docs[0]["name"]), int(docs[0].get("replicas", 1))

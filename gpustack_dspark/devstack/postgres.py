@@ -94,6 +94,12 @@ class Postgres:
         self._run(str(find_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop",
                   check=False)
 
+    def psql(self, sql: str) -> str:
+        """One query's rows, unaligned (tests read GPUStack's tables with it)."""
+        result = self._run(str(find_bin_dir() / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
+                           "-d", DATABASE, "-tAXc", sql)
+        return result.stdout.strip()
+
     def reset(self) -> None:
         """Drop and recreate the database (a clean GPUStack between tests)."""
         bin_dir = find_bin_dir()

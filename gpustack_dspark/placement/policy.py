@@ -22,20 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-import yaml
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, field_validator
 
 from gpustack_dspark.backend import BACKEND_NAME
 from gpustack_dspark.labels import parse_label
+from gpustack_dspark.policy_file import PolicyError, read_policy_yaml, validate
 
 POLICY_FILE = "placement.yaml"
 DEFAULT_ISOLATION = True
 DEFAULT_JSON_BACKENDS = (BACKEND_NAME,)
 LABEL_COMMAND = "gpustack-dspark label <worker> {label}"
-
-
-class PolicyError(ValueError):
-    """The policy file cannot be used; the message names the file and the key."""
 
 
 def _check_label(value: Optional[str]) -> Optional[str]:
@@ -114,25 +110,9 @@ def _allowed_keys(loc: Tuple) -> List[str]:
     return list(schema.model_fields)
 
 
-def _describe(error: dict) -> str:
-    loc = tuple(error["loc"])
-    key = ".".join(str(part) for part in loc) or "(top level)"
-    if error["type"] == "extra_forbidden":
-        return f"key {key!r} is not a placement policy key (allowed: {', '.join(_allowed_keys(loc))})"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"key {key!r}: {message} (got {error.get('input')!r})"
-
-
 def parse_policy(data: object, default_label: Tuple[str, str], source: str) -> PlacementPolicy:
     """A loaded YAML document -> PlacementPolicy; PolicyError names the source and the key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise PolicyError(f"{source}: expected a mapping of policy keys, got {type(data).__name__}")
-    try:
-        parsed = _PolicyFile.model_validate(data)
-    except ValidationError as e:
-        raise PolicyError(f"{source}: " + "; ".join(_describe(err) for err in e.errors())) from None
+    parsed = validate(_PolicyFile, data, source, "placement", _allowed_keys)
     default = ClusterPolicy(
         label=parse_label(parsed.json_label) if parsed.json_label else default_label,
         isolation=parsed.isolation,
@@ -160,11 +140,7 @@ def load_policy(policy_dir: Optional[str], default_label: Tuple[str, str]) -> Pl
     path = directory / POLICY_FILE
     if not path.exists():
         return PlacementPolicy(ClusterPolicy(default_label), {}, f"{path} (absent: built-in defaults)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise PolicyError(f"{path}: cannot read it as YAML: {e}") from None
-    return parse_policy(data, default_label, str(path))
+    return parse_policy(read_policy_yaml(path), default_label, str(path))
 
 
 # --- decisions -------------------------------------------------------------------------

@@ -4,8 +4,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from gpustack_dspark.policy_file import PolicyError, read_policy_yaml, validate
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[2] / "policies" / "routing.yaml"
 
@@ -49,43 +50,20 @@ class RoutingPolicy(BaseModel):
     gateway: GatewayPolicy = GatewayPolicy()
 
 
-class PolicyError(ValueError):
-    pass
-
-
 def parse_policy(data: Any, source: str = "routing policy") -> RoutingPolicy:
     """Validate a loaded document; errors name the field, the value and what is allowed."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise PolicyError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        policy = RoutingPolicy.model_validate(data)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            allowed = (err.get("ctx") or {}).get("expected")
-            text = f"{field}={err.get('input')!r}: {err['msg']}"
-            if allowed:
-                text += f" (allowed: {allowed})"
-            problems.append(text)
-        raise PolicyError(f"{source}: " + "; ".join(problems)) from None
+    policy = validate(RoutingPolicy, data, source, "routing")
     if policy.version != 1:
-        raise PolicyError(f"{source}: version={policy.version!r} is not supported (allowed: 1)")
+        raise PolicyError(f"{source}: key 'version': not supported (got {policy.version!r}; allowed: 1)")
     if policy.gateway.sync_interval_s <= 0:
-        raise PolicyError(f"{source}: gateway.sync_interval_s={policy.gateway.sync_interval_s!r} must be > 0")
+        raise PolicyError(f"{source}: key 'gateway.sync_interval_s': must be > 0 "
+                          f"(got {policy.gateway.sync_interval_s!r}; allowed: seconds > 0)")
     return policy
 
 
 def load_policy(path: Optional[Path] = None) -> RoutingPolicy:
     path = Path(path or DEFAULT_POLICY_PATH)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise PolicyError(f"cannot read routing policy {path}: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PolicyError(f"routing policy {path} is not valid YAML: {e}") from None
-    return parse_policy(data, source=str(path))
+    return parse_policy(read_policy_yaml(path), source=str(path))
+
+
+__all__ = ["PolicyError", "RoutingPolicy", "load_policy", "parse_policy"]

@@ -10,9 +10,9 @@ import hashlib
 import json
 import re
 import threading
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
 from gpustack_dspark.worker import request_limits
 
@@ -53,16 +53,13 @@ def _grammar_compiler():
 def load_schema_knob(source: str) -> Dict[str, Any]:
     """--dspark-schema: inline JSON or a file path -> the schema, or KnobError."""
     flag, allowed = "--dspark-schema", "a JSON Schema: inline JSON object or a readable file"
-    text = source
-    if not source.lstrip().startswith(("{", "[")):
-        try:
-            text = Path(source).read_text()
-        except OSError as e:
-            raise KnobError(flag, source, allowed, f"cannot read the file: {e.strerror}") from None
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise KnobError(flag, source, allowed, f"not valid JSON: {e.msg} at line {e.lineno}") from None
+        if source.lstrip().startswith(("{", "[")):
+            schema = bounded.loads_json(source, bounded.SCHEMA)
+        else:
+            schema = bounded.read_json(source, bounded.SCHEMA)
+    except bounded.BoundedError as e:
+        raise KnobError(flag, source, allowed, str(e)) from None
     if not isinstance(schema, dict):
         raise KnobError(flag, source, allowed, "a schema must be a JSON object")
     problem = check_schema(schema)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
+from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
 from gpustack_dspark.translate import Environment, LaunchPlan, path_method_marker, plan_launch
 
@@ -72,7 +73,7 @@ def read_config_json(path: Optional[str], what: str) -> Optional[Dict[str, Any]]
             raise KnobError(what, path, "a local checkpoint folder with a config.json", "no such folder")
         return None
     try:
-        return json.loads((folder / "config.json").read_text())
+        return bounded.read_json(folder / "config.json", bounded.CONFIG_JSON)
     except FileNotFoundError:
         if what == "--dspark-draft-model":
             raise KnobError(what, path, "a local checkpoint folder with a config.json", "it has no config.json") from None
@@ -155,17 +156,11 @@ def _neutral_alias(path: str) -> str:
 
 
 def _config_file_argv(path: str) -> List[str]:
-    import yaml
-
     from gpustack_dspark.worker.server_config import config_to_argv
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise KnobError("--config", path, "a readable YAML file", e.strerror or str(e)) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise KnobError("--config", path, "a YAML file", f"not valid YAML{where}") from None
+        doc = bounded.read_yaml(path, bounded.SERVER_CONFIG)
+    except bounded.BoundedError as e:
+        raise KnobError("--config", path, "a readable YAML file", str(e)) from None
     return config_to_argv(doc, source=f"--config {path}")
 
 

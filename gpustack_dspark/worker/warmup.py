@@ -11,9 +11,9 @@ import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
 from gpustack_dspark.worker import state as worker_state
 
@@ -31,17 +31,17 @@ def load_warmup_file(path: str) -> List[Dict[str, Any]]:
     """JSONL: one chat request per line ({"messages": [...], ...} or {"prompt": "..."})."""
     flag, allowed = "--dspark-warmup-file", "a JSONL file: one {\"messages\": [...]} or {\"prompt\": \"...\"} per line"
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise KnobError(flag, path, allowed, f"cannot read the file: {e.strerror}") from None
+        lines = bounded.read_text(path, bounded.WARMUP_FILE).splitlines()
+    except bounded.BoundedError as e:
+        raise KnobError(flag, path, allowed, str(e)) from None
     requests: List[Dict[str, Any]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise KnobError(flag, path, allowed, f"line {number} is not JSON: {e.msg}") from None
+            item = bounded.loads_json(line, bounded.WARMUP_FILE)
+        except bounded.BoundedError as e:
+            raise KnobError(flag, path, allowed, f"line {number}: {e.problem}") from None
         if isinstance(item, dict) and isinstance(item.get("prompt"), str):
             item = {k: v for k, v in item.items() if k != "prompt"} | {
                 "messages": [{"role": "user", "content": item["prompt"]}]}

@@ -1,12 +1,19 @@
 """GPUStack's own web UI, in headless Chromium: the stock deploy form offers the DSpark
-backend and pre-fills its knobs (the plugin ships no UI code for this)."""
+backend and pre-fills its knobs (the plugin ships no UI code for this), and shows the
+plugin's knob refusal inline (GPUStack's compatibility check, `POST /v2/model-evaluations`);
+"Submit Anyway" is refused too. Screenshots go to test-artifacts/ (DSPARK_TEST_ARTIFACTS)."""
 
+import os
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 
 from gpustack_dspark import knobs
 from gpustack_dspark.devstack.server import ADMIN_USER
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.conftest import admin_api
 
 pytestmark = pytest.mark.integration
 
@@ -16,10 +23,17 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+ARTIFACTS = Path(os.environ.get("DSPARK_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+
+
 @pytest.fixture(scope="module")
-def page(start_server):
+def server(start_server):
+    return start_server()
+
+
+@pytest.fixture(scope="module")
+def page(server):
     playwright_api = pytest.importorskip("playwright.sync_api")
-    server = start_server()
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -29,9 +43,9 @@ def page(start_server):
         tab.locator("input[type=password]").fill(server.admin_password)
         tab.keyboard.press("Enter")
         tab.wait_for_url("**/#/**")
-        skip = tab.get_by_text("Skip for Now")  # a fresh GPUStack asks for a first cluster
+        skip = tab.get_by_text("Skip for Now")  # a fresh GPUStack asks for a first cluster / worker
         try:
-            skip.click(timeout=5_000)
+            skip.click(timeout=20_000)  # it can take a while on a loaded machine
         except playwright_api.TimeoutError:
             pass
         yield tab
@@ -58,3 +72,54 @@ def test_deploy_form_prefills_the_dspark_knobs(page, tmp_path):
     page.screenshot(path=str(tmp_path / "deploy-form.png"))
     values = [field.input_value() for field in page.locator("input").all()]
     assert [v for v in values if v.startswith("--")] == list(knobs.form_defaults())
+
+
+@pytest.fixture(scope="module")
+def worker(server, tmp_path_factory):
+    """GPUStack's form runs its compatibility check only once the cluster has a worker."""
+    api = admin_api(server)
+    worker = join_cpu_worker(api, server.url, "form-worker", tmp_path_factory.mktemp("form-worker"),
+                             labels={"role": "json-inference"})
+    yield worker
+    worker.stop()
+    api.close()
+
+
+def test_deploy_form_shows_a_bad_knob_inline_and_submit_is_refused(page, server, worker, tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    page.reload()
+    try:
+        page.get_by_text("Skip for Now").click(timeout=5_000)
+    except Exception:
+        pass  # the cluster has a worker now: GPUStack may not ask again
+    page.get_by_role("link", name="Deployments").click()
+    page.get_by_role("button", name="Deploy Model").click()
+    page.get_by_text("Local Path", exact=True).click()
+    page.locator("#deployModel_name").fill("form-bad-knob")
+    page.locator("#deployModel_local_path").fill(str(model_dir))
+    page.locator(".ant-select").filter(has_text="vLLM").first.click()
+    page.locator(".ant-select-item-option").filter(has_text="DSpark").first.click()
+    page.get_by_text("Advanced", exact=True).last.click()
+    page.get_by_text("Backend Parameters").wait_for()
+    field = next(f for f in page.locator("input").all() if f.input_value() == "--dspark-method=auto")
+    field.fill("--dspark-method=bogus")
+    page.locator("#deployModel_name").click()  # leave the field: the form re-checks
+    expected = "--dspark-method: 'bogus' is not allowed; allowed: auto|dspark|mtp|suffix|ngram|draft_model|eagle3"
+    message = page.get_by_text(expected)
+    message.wait_for()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "deploy-form-knob-error.png"))
+    assert "DSpark backend parameters" in message.inner_text()
+
+    page.get_by_role("button", name="Submit Anyway").click()
+    page.locator(".ant-message, .ant-notification").filter(has_text="is not allowed").first.wait_for()
+    page.screenshot(path=str(ARTIFACTS / "deploy-form-submit-refused.png"))
+    api = admin_api(server)
+    try:
+        time.sleep(1)
+        assert [m for m in api.items("/v2/models") if m["name"] == "form-bad-knob"] == []
+    finally:
+        api.close()
+

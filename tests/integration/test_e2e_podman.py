@@ -172,3 +172,51 @@ def test_deleting_the_model_removes_its_containers(stack):
     seconds = s.delete_model(timeout_s=120)
     assert s.containers() == []
     print(f"[e2e] containers gone {seconds}s after the model was deleted")
+
+
+def test_a_replica_that_cannot_start_says_why_and_is_not_restarted_in_a_loop(stack, tmp_path):
+    """A schema path the worker cannot read: dspark-serve exits 2 in its container. The
+    instance's state_message is that one line, GPUStack's automatic restart is held, and a
+    change to the model lets it start again."""
+    from gpustack_dspark.admission.start_failure import HELD_NOTE
+    from gpustack_dspark.devstack.container_stack import InstanceWatch
+    from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file
+
+    s = stack
+    missing = "/nonexistent/order.schema.json"
+    text = DEMO_MODEL_FILE.read_text()
+    text = text.replace("name: tiny-order", "name: tiny-order-broken").replace("replicas: 2", "replicas: 1")
+    text = text.replace("  - --enforce-eager", f"  - --dspark-schema={missing}\n  - --enforce-eager")
+    text = text.replace("local_path: ../../fixtures/models/tiny-order-llama", f"local_path: {(DEMO_MODEL_FILE.parent / '../../fixtures/models/tiny-order-llama').resolve()}")
+    model_file = tmp_path / "broken.yaml"
+    model_file.write_text(text)
+    s.watch = InstanceWatch(s.api, "tiny-order-broken")
+    s.watch.start()
+    apply_model_file(model_file, s.server.url, s.api.api_key, tmp_path / "apply.log")
+    s.model = next(m for m in s.api.items("/v2/models") if m["name"] == "tiny-order-broken")
+
+    def failed(latest):
+        return latest and all(str(i["state"]).lower() == "error" and "--dspark-schema" in (i.get("state_message") or "")
+                              and "exit code 2" in (i.get("state_message") or "") for i in latest.values())
+    s.watch.wait(failed, 600, "the broken replica in ERROR with dspark-serve's reason")
+    instance = s.instances()[0]
+    message = instance["state_message"]
+    print(f"[e2e] state_message: {message}")
+    assert message.startswith(f"dspark-serve: error: --dspark-schema: '{missing}' is not allowed"), message
+    assert "cannot read the file" in message and HELD_NOTE in message
+    # GPUStack's worker would restart it at once and then every 10, 20, 40 ... s: watch 45 s.
+    failed_at = time.time()
+    time.sleep(45)
+    latest = s.api.get(f"/v2/model-instances/{instance['id']}")
+    assert str(latest["state"]).lower() == "error" and latest["state_message"] == message, latest
+    assert (latest.get("restart_count") or 0) == (instance.get("restart_count") or 0)
+    assert [st for t, st in s.watch.transitions(instance["id"]) if t > failed_at] in ([], ["error"])
+
+    # The model changed (the schema flag removed): the replica is tried again.
+    changed = {**s.api.get(f"/v2/models/{s.model['id']}")}
+    changed["backend_parameters"] = [p for p in changed["backend_parameters"] if not p.startswith("--dspark-schema")]
+    response = s.api.client.put(f"/v2/models/{s.model['id']}", json=changed)
+    assert response.status_code == 200, response.text
+    s.watch.wait(lambda latest: any(str(i["state"]).lower() in ("starting", "running") for i in latest.values()),
+                 300, "the changed model's replica starting again")
+    s.delete_model(timeout_s=120)

@@ -10,7 +10,7 @@ import pytest
 
 from gpustack_dspark import backend, knobs
 from gpustack_dspark.cli.main import main
-from tests.conftest import admin_api, dspark_status, wait_for
+from tests.conftest import admin_api, wait_backend_registered, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +21,7 @@ TINY = '{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}'
 def stack(start_server, tmp_path_factory):
     server = start_server()
     api = admin_api(server)
-    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-             90, "the backend registration")
+    wait_backend_registered(server, api.api_key, 90)
     if not api.items("/v2/clusters"):
         api.ensure_cluster("dspark-test")
     base = tmp_path_factory.mktemp("models")

@@ -31,7 +31,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession  # noqa: E402
 from gpustack_dspark import backend, versions  # noqa: E402
 from gpustack_dspark.placement import gpustack_patches  # noqa: E402
 from gpustack_dspark.placement.policy import parse_policy  # noqa: E402
-from tests.conftest import admin_api, dspark_status, wait_for  # noqa: E402
+from tests.conftest import admin_api, wait_backend_registered  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -55,8 +55,7 @@ def database(start_server, postgres):
     """A real GPUStack server on the real database; its clusters `main` and `lab`."""
     server = start_server()
     api = admin_api(server)
-    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-             90, "the backend registration")
+    wait_backend_registered(server, api.api_key, 90)
     clusters = {name: api.ensure_cluster(name) for name in ("main", "lab")}
     from gpustack.server import db
 

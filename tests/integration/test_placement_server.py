@@ -10,7 +10,7 @@ import pytest
 
 from gpustack_dspark import backend, knobs
 from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for
+from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
 
 pytestmark = pytest.mark.integration
 
@@ -65,8 +65,7 @@ def stack(start_server, tmp_path_factory):
     (policies / "placement.yaml").write_text(POLICY)
     server = start_server(extra_args=["--dspark-policy-dir", str(policies)])
     api = admin_api(server)
-    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-             90, "the backend registration")
+    wait_backend_registered(server, api.api_key, 90)
     base = tmp_path_factory.mktemp("workers")
     workers = {}
     try:

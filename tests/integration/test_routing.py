@@ -16,7 +16,7 @@ from gpustack_dspark.devstack.stand_in_instances import (
 )
 from gpustack_dspark.devstack.stand_in_replica import StandInReplica
 from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for
+from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +56,7 @@ def stack(start_server, tmp_path_factory):
     replicas = {name: StandInReplica(name, base_s=0.05).start() for name in ("json-a", "json-b", "general")}
     server = start_server()
     api = admin_api(server)
-    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-             60, "the backend registration")
+    wait_backend_registered(server, api.api_key, 60)
     worker = join_cpu_worker(api, server.url, "route-w1", base / "w1")
     row = api.get(f"/v2/workers/{worker.id}")
     # READY comes before the worker's HTTP server listens; until it does, GPUStack marks
@@ -90,8 +89,7 @@ def join_listening_cpu_worker(server, api, name, folder):
     """A CPU worker joined to `server` once the plugin registered its backend, returned (with its
     row) only when its HTTP server listens: READY comes first, and until it listens GPUStack
     marks the worker's models unavailable."""
-    wait_for(lambda: dspark_status(server, api.api_key)["features"]["backend_registration"]["state"] == "enabled",
-             60, "the backend registration")
+    wait_backend_registered(server, api.api_key, 60)
     worker = join_cpu_worker(api, server.url, name, folder)
     try:
         row = api.get(f"/v2/workers/{worker.id}")

@@ -5,7 +5,7 @@ import psutil
 import pytest
 
 from gpustack_dspark import backend, knobs
-from tests.conftest import admin_api, dspark_status, wait_for
+from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
 
 pytestmark = pytest.mark.integration
 
@@ -15,8 +15,7 @@ def stack(start_server):
     server = start_server()
     api = admin_api(server)
     key = api.api_key
-    wait_for(lambda: dspark_status(server, key)["features"]["backend_registration"]["state"] == "enabled",
-             60, "the backend registration")
+    wait_backend_registered(server, key, 60)
     yield server, api, key
     api.close()
 
@@ -159,8 +158,7 @@ def test_restarts_neither_duplicate_nor_clobber(stack, start_server):
     server.stop()
     server.start()
     api2 = admin_api(server)
-    wait_for(lambda: dspark_status(server, key)["features"]["backend_registration"]["state"] == "enabled",
-             60, "the backend registration after restart")
+    wait_backend_registered(server, key, 60, "the backend registration after restart")
     assert dspark_status(server, key)["backend"]["last_registration"] == "unchanged"
     after = _dspark_row(api2)
     assert after["id"] == before["id"]

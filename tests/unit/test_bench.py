@@ -98,7 +98,7 @@ def test_schema_file_must_be_a_schema(tmp_path, capsys):
     assert "not a valid JSON schema" in capsys.readouterr().err
     bad.write_text("{nope")
     assert main(["bench", "--server", "http://127.0.0.1:1", "--schema", str(bad)]) == 1
-    assert "not JSON" in capsys.readouterr().err
+    assert "not valid JSON" in capsys.readouterr().err
 
 
 def test_requests_and_duration_exclude_each_other(capsys):

@@ -105,7 +105,8 @@ def test_all_documents_are_checked_and_names_are_unique():
                    "local_path: /m\n---\n- a list\n---\nsource: local_path\nlocal_path: /m\n")
     assert found == [
         "m.yaml: document 2 (a): name (line 5): 'a' is already used by document 1; names are unique in GPUStack",
-        "m.yaml: document 3: line 9: a model document is a mapping of fields, not list",
+        "m.yaml: document 3: line 9: a model document is a mapping of fields (name: ..., backend: ...), not a list; "
+            "several models go in separate documents split by '---', not in a list",
         "m.yaml: document 4: line 11: name is missing; every model needs a name",
     ]
 

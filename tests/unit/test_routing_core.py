@@ -140,7 +140,7 @@ def test_shipped_policy_file_is_valid_and_default():
 @pytest.mark.parametrize("document, names", [
     ({"json_only_without_json_intent": "drop"}, ["json_only_without_json_intent", "'drop'", "serve_as_json"]),
     ({"proxy": {"least_conections": True}}, ["proxy.least_conections"]),
-    ({"version": 2}, ["version=2", "allowed: 1"]),
+    ({"version": 2}, ["key 'version'", "got 2", "allowed: 1"]),
     ({"gateway": {"sync_interval_s": 0}}, ["gateway.sync_interval_s"]),
     (["a"], ["mapping"]),
 ])
