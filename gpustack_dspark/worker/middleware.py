@@ -139,8 +139,8 @@ class DSparkMiddleware:
                 "levels allowed)"))
         if not isinstance(body, dict):  # vLLM answers malformed bodies itself
             return await self.app(scope, _replay(raw, receive), send)
-        try:
-            request_limits.check_body(body)
+        try:  # off the event loop: a large schema takes a few hundred ms to walk
+            await asyncio.get_running_loop().run_in_executor(None, request_limits.check_body, body)
         except request_limits.LimitExceeded as e:
             state.count("rejected")
             return await _send_json(send, 400, openai_error(str(e)))
