@@ -72,7 +72,9 @@ def redact_env(env: Mapping[str, str]) -> Dict[str, str]:
 def redact_text(text: str, secrets: Sequence[str]) -> str:
     """Known secret values (e.g. the API key) out of free text such as a log line."""
     for secret in secrets:
-        if secret and len(secret) >= 4:
+        # Short values and flags ("true", "1") are no secrets worth blanking every log line for.
+        if secret and len(secret) >= 6 and secret.lower() not in ("true", "false", "none", "null") \
+                and not _is_number(secret):
             text = text.replace(secret, REDACTED)
     return text
 

@@ -69,6 +69,7 @@ def test_redact_env_and_names():
     assert out["TOKENIZERS_PARALLELISM"] == "false" and out["PATH"] == "/bin"
     assert out["AWS_ACCESS_KEY_ID"] == "REDACTED"
     assert redact.redact_text("key is sk-12345 ok", ["sk-12345"]) == "key is REDACTED ok"
+    assert redact.redact_text("enabled: true, port 123456", ["true", "123456", "abc"]) == "enabled: true, port 123456"
 
 
 def _nested(depth):
