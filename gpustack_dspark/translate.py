@@ -7,7 +7,7 @@ read them in the startup line and in `/dspark/info`.
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError
@@ -39,6 +39,26 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
+# vLLM's tool-call parser per model family (config.json model_type), with the token the parser
+# needs in the tokenizer (vLLM's parser raises at the first tool request without it).
+TOOL_PARSERS: Dict[str, Tuple[str, Optional[str]]] = {
+    "deepseek_v3": ("deepseek_v3", "<｜tool▁calls▁begin｜>"),
+    "deepseek_v31": ("deepseek_v31", "<｜tool▁calls▁begin｜>"),
+    "deepseek_v32": ("deepseek_v32", None),
+    "deepseek_v4": ("deepseek_v4", None),
+    V41: ("deepseek_v41", None),
+    "llama": ("llama3_json", "<|python_tag|>"),
+    "qwen2": ("hermes", "<tool_call>"),
+    "qwen2_moe": ("hermes", "<tool_call>"),
+    "qwen3": ("hermes", "<tool_call>"),
+    "qwen3_moe": ("hermes", "<tool_call>"),
+}
+# Needs no special token: works with any tokenizer (and `required`/named tool choices are
+# grammar-constrained by vLLM whichever parser is set).
+DEFAULT_TOOL_PARSER = "pythonic"
+_V31_NAMES = ("v3.1", "v3_1", "v3-1", "v31", "terminus")
+
+
 @dataclass(frozen=True)
 class Environment:
     """What the worker found installed / where it runs."""
@@ -60,6 +80,7 @@ class LaunchPlan:
     drafting: Dict[str, Any] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()
+    tool_calls: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def drafting_layer_on(self) -> bool:
@@ -287,9 +308,38 @@ def precision_args(precision: str, config: Mapping[str, Any], passthrough: Seque
     return out
 
 
+def tool_call_options(model: str, config: Mapping[str, Any], passthrough: Sequence[str],
+                      special_tokens: Optional[Collection[str]] = None) -> Tuple[List[str], Dict[str, Any]]:
+    """vLLM's tool-call flags for this model (added to the argv) and what /dspark/info says.
+
+    A user's own --tool-call-parser wins (and keeps its --enable-auto-tool-choice or not).
+    `special_tokens`: the tokenizer's added tokens, None when unknown (a hub name)."""
+    given = _flag_value(passthrough, "--tool-call-parser")
+    if given is not None:
+        return [], {"parser": given, "auto_tool_choice": _has_flag(passthrough, "--enable-auto-tool-choice"),
+                    "source": "given", "reason": "--tool-call-parser given"}
+    family = model_type(config)
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    if family == "deepseek_v3" and any(marker in name for marker in _V31_NAMES):
+        family = "deepseek_v31"
+    parser, needs = TOOL_PARSERS.get(family, (DEFAULT_TOOL_PARSER, None))
+    if family in TOOL_PARSERS:
+        reason = f"model family {family}"
+        if needs and special_tokens is not None and needs not in special_tokens:
+            parser, reason = DEFAULT_TOOL_PARSER, (f"model family {family}, but the tokenizer has no {needs!r} "
+                                                   f"token, which vLLM's {TOOL_PARSERS[family][0]} parser needs")
+    else:
+        reason = f"default for model family {family or 'unknown'}"
+    args = ["--tool-call-parser", parser]
+    if not _has_flag(passthrough, "--enable-auto-tool-choice"):
+        args.insert(0, "--enable-auto-tool-choice")
+    return args, {"parser": parser, "auto_tool_choice": True, "source": "launcher", "reason": reason}
+
+
 def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
                 config: Optional[Mapping[str, Any]] = None, draft: Optional[Mapping[str, Any]] = None,
-                env: Environment = Environment()) -> LaunchPlan:
+                env: Environment = Environment(),
+                special_tokens: Optional[Collection[str]] = None) -> LaunchPlan:
     """Decide the vLLM argv. Raises KnobError with a one-line message for bad input."""
     config = config or {}
     base = ["--model", model, *passthrough, "--middleware", MIDDLEWARE]
@@ -325,6 +375,8 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
             notes.append("thinking turned off server-wide (JSON grammar applies only after thinking)")
 
     argv += precision_args(knobs.precision, config, passthrough)
+    tool_args, tool_calls = tool_call_options(model, config, passthrough, special_tokens)
+    argv += tool_args
     threshold = threshold_semantics(method, knobs.accept_threshold, layer_mode)
     if layer_mode:
         # The user's own --additional-config is merged into ours (one flag, vLLM keeps one).
@@ -340,7 +392,7 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
         vllm_argv=argv, enabled=True, method=method, method_reason=why, speculative_length=length,
         speculative_config=spec, grammar_mode=knobs.grammar_mode, threshold=threshold,
         drafting={"mode": layer_mode or "off", "reason": layer_reason},
-        warnings=tuple(warnings), notes=tuple(notes),
+        warnings=tuple(warnings), notes=tuple(notes), tool_calls=tool_calls,
     )
 
 

@@ -103,6 +103,7 @@ class RoutingFeature:
             "unmatched_releases": self.tracker.unmatched_releases,
             "decisions": dict(self.stats.decisions),
             "retries": dict(self.stats.retries),
+            "replica_statuses": dict(self.stats.statuses),
             "gateway": dict(self.gateway_last),
             "json_format_checks": self.format_stats.totals(),
             "metrics": [metrics.IN_FLIGHT, metrics.DECISIONS + "_total", metrics.RETRIES + "_total",

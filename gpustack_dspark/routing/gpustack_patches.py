@@ -12,7 +12,10 @@ the instance's worker once. The hooks, all on that module only:
   error event (a replica that died mid-stream reaches the server as a clean end) gets
   one, and the client is never left guessing.
 - `request_to_worker`: wrapped to retry a non-streamed request once on another instance
-  when the first one received nothing (see `retry.py`).
+  when the first one received nothing (see `retry.py`), and to return a replica's own error
+  answer (4xx, a withheld reply's 500) with its status and body instead of GPUStack's 503
+  (see `upstream_status.py`); streamed, `_stream_response` gives such an answer its JSON
+  content type.
 
 Each hook checks the GPUStack version and the exact shape of what it wraps; on any
 mismatch nothing is applied and the reason is returned, and GPUStack proxies as it
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from gpustack_dspark import backend
-from gpustack_dspark.routing import retry, stream_end, targets
+from gpustack_dspark.routing import retry, stream_end, targets, upstream_status
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.intent import has_json_intent, requested_schema
@@ -53,9 +56,14 @@ class RoutingStats:
 
     decisions: Dict[str, int] = field(default_factory=lambda: {d: 0 for d in targets.DECISIONS})
     retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0})
+    # Replica error answers passed through with their own status (see upstream_status.py).
+    statuses: Dict[str, int] = field(default_factory=lambda: {"replica_4xx": 0, "replica_5xx": 0, "withheld": 0})
 
     def decided(self, decision: str) -> None:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
+
+    def count_status(self, key: str) -> None:
+        self.statuses[key] = self.statuses.get(key, 0) + 1
 
 
 @dataclass
@@ -159,9 +167,18 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
     async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
         state = stream_end.StreamWatch()
         status = 200
+        first = True
         async for chunk, resp_headers, resp_status in original_stream(
                 worker, method, path, headers, data, proxy_client, no_proxy_client):
             status = resp_status
+            if first and resp_status >= 400 and policy.proxy.pass_replica_status:
+                body = chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
+                    # The replica refused before streaming: its status and JSON error body, with
+                    # only its content type (the worker's framing headers do not apply here).
+                    stats.count_status(upstream_status.count_key(resp_status, body))
+                    resp_headers = {"content-type": "application/json"}
+            first = False
             state.see(chunk)
             yield chunk, resp_headers, resp_status
         if status < 400 and state.truncated():
@@ -205,28 +222,25 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
         slot = current_slot()
         call = dict(method=method, path=path, proxy_client=proxy_client, no_proxy_client=no_proxy_client,
                     params=params, data=data, timeout=timeout)
-        if slot is None or slot.stream or slot.retried or not isinstance(data, (bytes, type(None))):
+        if slot is None or slot.stream or not isinstance(data, (bytes, type(None))):
             return await original_request(worker, headers=headers, raise_on_error=raise_on_error, **call)
+        may_retry = policy.proxy.retry_once and not slot.retried
         try:
             resp, body = await original_request(worker, headers=headers, raise_on_error=False, **call)
         except Exception as e:
-            if not retry.retryable_exception(e):
+            if not (may_retry and retry.retryable_exception(e)):
                 raise
             first_failure: Any = e
         else:
-            if resp.status < 400 or not retry.retryable_answer(resp.status, body):
-                if resp.status >= 400 and raise_on_error:
-                    raise _worker_error(worker, method, path, resp.status, body)
-                return resp, body
+            if resp.status < 400 or not (may_retry and retry.retryable_answer(resp.status, body)):
+                return _answer(worker, method, path, resp, body, raise_on_error)
             first_failure = None
         others = [i for i in slot.candidates if i.id not in slot.tried]
         if not others:
             stats.retries["no_other_instance"] += 1
             if first_failure is not None:
                 raise first_failure
-            if raise_on_error:
-                raise _worker_error(worker, method, path, resp.status, body)
-            return resp, body
+            return _answer(worker, method, path, resp, body, raise_on_error)
         slot.retried = True
         stats.retries["retried"] += 1
         by_id = {i.id: i for i in others}
@@ -240,7 +254,20 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
                 next_worker = await WorkerService(session).get_by_id(instance.worker_id) or worker
         retry_headers = dict(headers or {})
         retry_headers[router_header_key] = f"{model_instance_prefix(instance)}.static"
-        return await original_request(next_worker, headers=retry_headers, raise_on_error=raise_on_error, **call)
+        resp, body = await original_request(next_worker, headers=retry_headers, raise_on_error=False, **call)
+        return _answer(next_worker, method, path, resp, body, raise_on_error)
+
+    def _answer(worker, method, path, resp, body, raise_on_error):
+        """A replica's own error answer goes back as it is (with its status and OpenAI error
+        body); the worker's own answers (replica unreachable, timed out) keep GPUStack's 503."""
+        if resp.status < 400:
+            return resp, body
+        if policy.proxy.pass_replica_status and upstream_status.classify(resp.status, body) == upstream_status.REPLICA:
+            stats.count_status(upstream_status.count_key(resp.status, body))
+            return resp, body
+        if raise_on_error:
+            raise _worker_error(worker, method, path, resp.status, body)
+        return resp, body
 
     def _worker_error(worker, method, path, status, body):
         import aiohttp
@@ -257,9 +284,10 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
         applied.append("json_aware_targets")
     openai._stream_response = _stream_response
     applied.append("stream_end_event")
-    if policy.proxy.retry_once:
+    if policy.proxy.retry_once or policy.proxy.pass_replica_status:
         openai.request_to_worker = request_to_worker
-        applied.append("retry_once")
+        applied += [name for name, on in (("retry_once", policy.proxy.retry_once),
+                                          ("replica_status", policy.proxy.pass_replica_status)) if on]
     setattr(openai, _MARK, tuple(applied))
     setattr(openai, "_dspark_routing_originals", {
         "parse_request_body": original_parse, "request_to_worker": original_request,

@@ -26,6 +26,7 @@ class ProxyPolicy(BaseModel):
     least_connections: bool = True
     json_aware: bool = True
     retry_once: bool = True
+    pass_replica_status: bool = True
 
 
 class GatewayPolicy(BaseModel):

@@ -48,6 +48,17 @@ def requested_schema(body: Dict[str, Any]) -> Optional[Any]:
     return None
 
 
+def with_schema(body: Dict[str, Any], schema: Any) -> Dict[str, Any]:
+    """The body with the schema `requested_schema` found replaced by `schema` (a copy)."""
+    out = dict(body)
+    fmt = out.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        out["response_format"] = {**fmt, "json_schema": {**fmt["json_schema"], "schema": schema}}
+    elif isinstance(out.get("structured_outputs"), dict) and out["structured_outputs"].get("json") is not None:
+        out["structured_outputs"] = {**out["structured_outputs"], "json": schema}
+    return out
+
+
 def wants_json_object(body: Dict[str, Any]) -> bool:
     fmt, so = body.get("response_format"), body.get("structured_outputs")
     return (isinstance(fmt, dict) and fmt.get("type") == "json_object") or (

@@ -19,6 +19,7 @@ from gpustack_dspark.translate import LaunchPlan
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
 from gpustack_dspark.worker import metrics as worker_metrics, state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
+from gpustack_dspark.worker.redact import is_secret_name, redact_argv, redact_text, secret_values
 from gpustack_dspark.worker.serve import fail
 from gpustack_dspark.worker.warmup import Warmup
 
@@ -75,10 +76,42 @@ def check_speculative_config(plan: LaunchPlan) -> None:
         fail(f"internal: speculative config keys {unknown} are not known to this vLLM")
 
 
-def _api_key(args) -> Optional[str]:
+def _api_keys(args) -> List[str]:
     keys = getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]
-    keys = [k for k in keys if k]
+    return [k for k in keys if k]
+
+
+def _api_key(args) -> Optional[str]:
+    keys = _api_keys(args)
     return keys[0] if keys else None
+
+
+class _SecretFilter(logging.Filter):
+    """Known secret values (the API keys) out of every record a handler writes, vLLM's own
+    included (it logs its non-default arguments)."""
+
+    def __init__(self, secrets: List[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        redacted = redact_text(message, self.secrets)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def _redact_logs(secrets: List[str]) -> None:
+    if not secrets:
+        return
+    secret_filter = _SecretFilter(secrets)
+    for name in (None, "vllm", "uvicorn", "uvicorn.access", "uvicorn.error"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(secret_filter)
 
 
 def _export_drafting_stats() -> None:
@@ -108,9 +141,13 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
     check_speculative_config(plan)
     configure_logging_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [dspark] %(message)s")
+    secrets = (_api_keys(args) + secret_values(plan.vllm_argv)
+               + [v for k, v in os.environ.items() if v and is_secret_name(k)])
+    _redact_logs(secrets)
 
     state = worker_state.WorkerState(plan=plan, knobs=knobs, default_schema=default_schema,
-                                     served_model_name=(args.served_model_name or [None])[0])
+                                     served_model_name=(args.served_model_name or [None])[0],
+                                     api_keys=tuple(_api_keys(args)))
     state.warmup.requests = knobs.warmup_requests
     state.warmup.concurrency = knobs.warmup_concurrency
     state.warmup.timeout_s = knobs.warmup_timeout
@@ -128,7 +165,7 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
         logger.warning(warning)
     for note in plan.notes:
         logger.info(note)
-    logger.info("vLLM argv: %s", json.dumps(plan.vllm_argv))
+    logger.info("vLLM argv: %s", json.dumps(redact_argv(plan.vllm_argv)))
 
     host = args.host if args.host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host

@@ -3,19 +3,26 @@
 - `GET /dspark/ready`: the warmup gate GPUStack's health check probes. 200 only when the
   warmup finished and vLLM's own /health answers 200; otherwise 503 with the reason.
   Answered from memory (plus one bounded /health call), so always within 1 s.
-- `GET /dspark/info`: knobs as applied, method and why, threshold semantics, warmup.
+- `GET /dspark/info`: knobs as applied, method and why, threshold semantics, warmup, tool-call
+  options; secret values redacted (`redact.py`). When vLLM's `--api-key` is set it needs that
+  key (`Authorization: Bearer KEY`, 401 otherwise); `/dspark/ready` never does.
 - POST /v1/chat/completions and /v1/completions on a JSON replica: JSON by default
-  (json_default.rewrite), legacy guided_* converted, schemas checked (400 if the grammar
-  engine cannot compile them), and `usage.dspark_stats` added to non-streamed responses.
+  (json_default.rewrite), legacy guided_* converted, hostile bodies and schemas refused with a
+  400 naming the problem (`request_limits.py`: depth, size, left-recursive `$ref`, catastrophic
+  patterns), schemas checked (400 if the grammar engine cannot compile them; tool parameters
+  too when `tool_choice` makes them a grammar), and `usage.dspark_stats` added to non-streamed
+  responses.
 Everything else passes through untouched.
 """
 
 import asyncio
+import hmac
 import json
 import logging
+import os
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
-from gpustack_dspark.worker import json_default, schema_check, state as worker_state
+from gpustack_dspark.worker import json_default, request_limits, schema_check, state as worker_state
 
 logger = logging.getLogger("gpustack_dspark.worker")
 
@@ -24,6 +31,9 @@ INFO_PATH = "/dspark/info"
 HEALTH_PROBE_TIMEOUT_S = 0.8
 ANY_JSON: Dict[str, Any] = {}  # the empty schema: "any JSON value" (json_object replies)
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# "0": refuse what vLLM's xgrammar backend refuses instead of relaxing it (the behaviour before
+# issue 20; bench/schema_bench.py compares both).
+RELAX_ENV = "DSPARK_SCHEMA_RELAX"
 
 Scope = Dict[str, Any]
 Message = Dict[str, Any]
@@ -72,6 +82,10 @@ class DSparkMiddleware:
         if path == READY_PATH:
             return await self._ready(state, scope, send)
         if path == INFO_PATH:
+            if state is not None and state.api_keys and not _authorized(scope, state.api_keys):
+                return await _send_json(send, 401, openai_error(
+                    "/dspark/info needs this server's API key: send 'Authorization: Bearer <key>' "
+                    "(the one given to --api-key)", status=401), [(b"www-authenticate", b"Bearer")])
             return await _send_json(send, 200, state.info() if state else {"phase": "unknown"})
         if state is not None and method == "POST" and path in json_default.JSON_PATHS and state.plan.enabled:
             return await self._completion(state, scope, receive, send)
@@ -118,8 +132,18 @@ class DSparkMiddleware:
             body = json.loads(raw) if raw else None
         except (json.JSONDecodeError, UnicodeDecodeError):
             body = None
+        except RecursionError:
+            state.count("rejected")
+            return await _send_json(send, 400, openai_error(
+                f"the request body is nested too deeply to parse (at most {request_limits.MAX_BODY_DEPTH} "
+                "levels allowed)"))
         if not isinstance(body, dict):  # vLLM answers malformed bodies itself
             return await self.app(scope, _replay(raw, receive), send)
+        try:  # off the event loop: a large schema takes a few hundred ms to walk
+            await asyncio.get_running_loop().run_in_executor(None, request_limits.check_body, body)
+        except request_limits.LimitExceeded as e:
+            state.count("rejected")
+            return await _send_json(send, 400, openai_error(str(e)))
 
         schema = json_default.requested_schema(body)
         if state.json_default:
@@ -139,11 +163,28 @@ class DSparkMiddleware:
                     "or response_format", param=legacy[0]))
 
         if schema is not None and schema is not state.default_schema:
-            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, schema)
+            grammar_schema, dropped = schema, []
+            if not body.get("stream") and os.environ.get(RELAX_ENV, "1") != "0":
+                # streams are not reply-checked, so they get only what the grammar enforces
+                grammar_schema, dropped = schema_check.relax_for_xgrammar(schema)
+            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, grammar_schema)
+            if not problem and dropped:
+                # The grammar enforces the rest; the reply check below still validates against `schema`.
+                body = json_default.with_schema(body, grammar_schema)
+                state.count("relaxed")
+                logger.info("schema relaxed for the grammar engine (reply still checked): dropped %s",
+                            ", ".join(dropped[:5]))
             if problem:
                 state.count("rejected")
                 return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {problem}",
                                                                 param="response_format"))
+
+        for where, tool_schema in grammar_tool_schemas(body):
+            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, tool_schema)
+            if problem:
+                state.count("rejected")
+                return await _send_json(send, 400, openai_error(
+                    f"{where} is not usable as a grammar for tool_choice: {problem}", param="tools"))
 
         if schema is None and json_default.wants_json_object(body):
             schema = ANY_JSON
@@ -182,6 +223,41 @@ class DSparkMiddleware:
             await send(message)
 
         await self.app(scope, receive, capture)
+
+
+def grammar_tool_schemas(body: Dict[str, Any]):
+    """The tools' parameter schemas vLLM turns into a grammar: every tool for tool_choice
+    "required", the named one for a named tool_choice (for "auto" the model's text is parsed)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    choice = body.get("tool_choice")
+    named = None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        if named is None:
+            return []
+    elif choice != "required":
+        return []
+    out = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or function.get("parameters") is None:
+            continue
+        if named is None or function.get("name") == named:
+            out.append((f"tools[{i}].function.parameters", function["parameters"]))
+    return out
+
+
+def _authorized(scope: Scope, keys) -> bool:
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"authorization":
+            given = value.decode("latin-1")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer":
+                return False
+            return any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in keys)
+    return False
 
 
 def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:

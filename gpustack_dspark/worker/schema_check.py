@@ -5,14 +5,16 @@ A schema xgrammar cannot compile must get a clear 400, never unconstrained outpu
 """
 
 import concurrent.futures
+import copy
 import hashlib
 import json
 import re
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
+from gpustack_dspark.worker import request_limits
 
 COMPILE_TIMEOUT_S = 10.0
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:NN: ".
@@ -73,15 +75,24 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             return f"the schema is not valid JSON: {e.msg}"
+        except RecursionError:
+            return f"the schema is nested more than {request_limits.MAX_SCHEMA_DEPTH} levels deep"
     if not isinstance(schema, (dict, bool)):
         return "a JSON Schema must be an object"
+    try:  # before any library that recurses or loops on them
+        request_limits.check_schema(schema)
+    except request_limits.LimitExceeded as e:
+        return str(e)
     text = json.dumps(schema, sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()
     with _lock:
         if key in _verdicts:
             return _verdicts[key]
-    verdict = _meta_schema_problem(schema)
+    verdict = _meta_schema_problem(schema) or xgrammar_unsupported(schema)
     if verdict is None:
+        # Loading the tokenizer and compiler happens once and is not the schema's cost: the
+        # bound below covers the compile only (on a busy 2-core machine the load alone took >10 s).
+        _pool.submit(_grammar_compiler).result()
         future = _pool.submit(_compile_problem, text)
         try:
             verdict = future.result(timeout=timeout_s)
@@ -124,3 +135,155 @@ def _compile_problem(text: str) -> Optional[str]:
         message = _CPP_PREFIX.sub("", message)
         return f"the grammar engine (xgrammar) cannot compile this schema: {message[:300]}"
     return None
+
+
+# vLLM 0.32 refuses these with one sentence that names nothing ("The provided JSON schema
+# contains features not supported by xgrammar"; vllm/v1/structured_output/backend_xgrammar.py,
+# has_xgrammar_unsupported_json_features). The same rules, naming the keyword and where.
+XGRAMMAR_STRING_FORMATS = ("email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid",
+                           "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer")
+
+
+def _types(node: Dict[str, Any]) -> set:
+    value = node.get("type")
+    if isinstance(value, str):
+        return {value}
+    return {t for t in value if isinstance(t, str)} if isinstance(value, list) else set()
+
+
+def _pattern_and_length(node: Any) -> bool:
+    return isinstance(node, dict) and ("pattern" in node or "format" in node) and (
+        "minLength" in node or "maxLength" in node)
+
+
+def _unsupported_here(node: Dict[str, Any]) -> Optional[str]:
+    types = _types(node)
+    if types & {"integer", "number"} and "multipleOf" in node:
+        return "multipleOf on a number"
+    if "array" in types:
+        for key in ("uniqueItems", "contains", "minContains", "maxContains"):
+            if key in node:
+                return f"{key} on an array"
+    if "string" in types and "format" in node and node["format"] not in XGRAMMAR_STRING_FORMATS:
+        return f"format {node['format']!r} (supported: {', '.join(XGRAMMAR_STRING_FORMATS)})"
+    if "string" in types and _pattern_and_length(node):
+        return "pattern or format together with minLength/maxLength on a string"
+    if "object" in types and "propertyNames" in node:
+        if _pattern_and_length(node.get("propertyNames")):
+            return "propertyNames with a pattern/format and a length bound"
+        for key in ("patternProperties", "properties"):
+            if key in node:
+                return f"propertyNames together with {key}"
+        if node.get("unevaluatedProperties", True) is not True:
+            return "propertyNames together with unevaluatedProperties"
+    if "object" in types and isinstance(node.get("patternProperties"), dict):
+        if "properties" in node:
+            return "patternProperties together with properties"
+        if len(node["patternProperties"]) > 1:
+            return "more than one patternProperties entry"
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) >= 2:
+        return "allOf with more than one branch"
+    return None
+
+
+def xgrammar_unsupported(schema: Any) -> Optional[str]:
+    """The first keyword vLLM's xgrammar backend refuses, with its location; None if none."""
+    stack = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            problem = _unsupported_here(node)
+            if problem:
+                where = "/" + "/".join(str(p) for p in path) if path else "(root)"
+                return f"the grammar engine (xgrammar, as vLLM 0.32 uses it) does not support {problem}, at {where}"
+            stack.extend(((*path, k), v) for k, v in reversed(list(node.items())) if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))) if isinstance(v, dict))
+    return None
+
+
+def relax_for_xgrammar(schema: Any) -> Tuple[Any, List[str]]:
+    """A copy of `schema` without the keywords vLLM's xgrammar backend refuses, and what was
+    dropped ("multipleOf at /properties/n", ...). The grammar then enforces the rest; the
+    replica's reply check still validates every finished reply against the original schema,
+    so a reply the relaxed grammar allowed but the schema forbids is withheld, never delivered.
+
+    Rules: multipleOf, uniqueItems/contains/minContains/maxContains, an unsupported string
+    format and propertyNames are dropped; a pattern/format keeps its pattern and loses its
+    length bounds; patternProperties beside properties (or more than one) are dropped (with
+    `additionalProperties: false` that only narrows what the grammar allows); allOf with
+    several object-like branches is merged into the schema (properties, required, the rest
+    first-come)."""
+    dropped: List[str] = []
+    if not isinstance(schema, dict) or xgrammar_unsupported(schema) is None:
+        return schema, dropped
+    root = copy.deepcopy(schema)
+    stack: List[Tuple[Tuple[Any, ...], Any]] = [((), root)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node) if isinstance(v, dict))
+            continue
+        if not isinstance(node, dict):
+            continue
+        where = "/" + "/".join(str(p) for p in path) if path else "(root)"
+        for _ in range(8):  # a merge can bring a keyword that needs relaxing in turn
+            if not _relax_node(node, where, dropped):
+                break
+        stack.extend(((*path, k), v) for k, v in node.items() if isinstance(v, (dict, list)))
+    return root, dropped
+
+
+def _relax_node(node: Dict[str, Any], where: str, dropped: List[str]) -> bool:
+    def drop(key: str) -> None:
+        node.pop(key, None)
+        dropped.append(f"{key} at {where}")
+
+    types = _types(node)
+    changed = False
+    if types & {"integer", "number"} and "multipleOf" in node:
+        drop("multipleOf")
+        changed = True
+    if "array" in types:
+        for key in ("uniqueItems", "contains", "minContains", "maxContains"):
+            if key in node:
+                drop(key)
+                changed = True
+    if "string" in types and "format" in node and node["format"] not in XGRAMMAR_STRING_FORMATS:
+        drop("format")
+        changed = True
+    if "string" in types and _pattern_and_length(node):
+        for key in ("minLength", "maxLength"):
+            if key in node:
+                drop(key)
+        changed = True
+    if "object" in types and "propertyNames" in node and (
+            _pattern_and_length(node.get("propertyNames")) or "patternProperties" in node or "properties" in node
+            or node.get("unevaluatedProperties", True) is not True):
+        drop("propertyNames")
+        changed = True
+    if "object" in types and isinstance(node.get("patternProperties"), dict) and (
+            "properties" in node or len(node["patternProperties"]) > 1):
+        drop("patternProperties")
+        changed = True
+    branches = node.get("allOf")
+    if isinstance(branches, list) and len(branches) >= 2:
+        node.pop("allOf")
+        dropped.append(f"allOf at {where} (merged)")
+        for branch in branches:
+            if not isinstance(branch, dict):
+                continue
+            for key, value in branch.items():
+                if key == "properties" and isinstance(value, dict):
+                    node.setdefault("properties", {})
+                    if isinstance(node["properties"], dict):
+                        for name, sub in value.items():
+                            node["properties"].setdefault(name, sub)
+                elif key == "required" and isinstance(value, list):
+                    existing = node.setdefault("required", [])
+                    if isinstance(existing, list):
+                        existing.extend(v for v in value if v not in existing)
+                else:
+                    node.setdefault(key, value)
+        changed = True
+    return changed

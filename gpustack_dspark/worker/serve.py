@@ -113,16 +113,37 @@ def prepare(argv: Sequence[str]) -> Tuple[bool, DSparkKnobs, LaunchPlan, Optiona
     templates = warmup.load_warmup_file(knobs.warmup_file) if knobs.warmup_file else []
     draft_config = read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None
     env = probe_environment()
-    plan = plan_launch(model, knobs, passthrough, config=model_config, draft=draft_config, env=env)
+    special = special_tokens(model)
+    plan = plan_launch(model, knobs, passthrough, config=model_config, draft=draft_config, env=env,
+                       special_tokens=special)
     marker = path_method_marker(knobs.draft_model) if plan.method == "draft_model" else None
     if marker:
         alias = _neutral_alias(knobs.draft_model)
         plan = plan_launch(model, replace(knobs, draft_model=alias), passthrough, config=model_config,
-                           draft=draft_config, env=env)
+                           draft=draft_config, env=env, special_tokens=special)
         plan = replace(plan, notes=plan.notes + (
             f"draft model {knobs.draft_model} passed to vLLM as {alias}: vLLM 0.32 reads the method "
             f"from a draft path containing {marker!r}",))
     return print_only, knobs, plan, default_schema, templates
+
+
+def special_tokens(model: str) -> Optional[List[str]]:
+    """The tokenizer's added tokens (tokenizer_config.json, else tokenizer.json); None when the
+    model is not a local folder or neither file is readable."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    try:
+        decoder = json.loads((folder / "tokenizer_config.json").read_text()).get("added_tokens_decoder")
+        if isinstance(decoder, dict) and decoder:
+            return [str(t.get("content")) for t in decoder.values() if isinstance(t, dict)]
+    except (OSError, ValueError):
+        pass
+    try:
+        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens") or []
+        return [str(t.get("content")) for t in added if isinstance(t, dict)]
+    except (OSError, ValueError):
+        return None
 
 
 def _neutral_alias(path: str) -> str:

@@ -8,10 +8,11 @@ loading -> warming -> ready, or -> failed (with the reason).
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from gpustack_dspark.knobs import DSparkKnobs
 from gpustack_dspark.translate import LaunchPlan
+from gpustack_dspark.worker.redact import redact_argv
 
 LOADING, WARMING, READY, FAILED = "loading", "warming", "ready", "failed"
 
@@ -47,7 +48,10 @@ class WorkerState:
     warmup: WarmupProgress = field(default_factory=WarmupProgress)
     started_at: float = field(default_factory=time.time)
     counters: Dict[str, int] = field(default_factory=lambda: {
-        "json_injected": 0, "legacy_converted": 0, "kept": 0, "rejected": 0, "schema_violations": 0})
+        "json_injected": 0, "legacy_converted": 0, "kept": 0, "rejected": 0, "schema_violations": 0,
+        "relaxed": 0})
+    # vLLM's --api-key values (or VLLM_API_KEY): /dspark/info then needs one. Never shown.
+    api_keys: Tuple[str, ...] = field(default=(), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -105,7 +109,9 @@ class WorkerState:
                 "finished_at": self.warmup.finished_at,
             },
             "requests": dict(self.counters),
-            "vllm_argv": plan.vllm_argv,
+            "tool_calls": dict(plan.tool_calls),
+            "auth": {"api_key_required": bool(self.api_keys)},
+            "vllm_argv": redact_argv(plan.vllm_argv),
             "startup_line": plan.startup_line(),
             "uptime_s": round(time.time() - self.started_at, 1),
         }

@@ -117,7 +117,8 @@ def test_status_reports_routing_on(stack):
     status = stack.status()
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["features"]["routing"]["detail"]["hooks"] == [
-        "least_connections", "json_intent", "json_aware_targets", "stream_end_event", "retry_once"]
+        "least_connections", "json_intent", "json_aware_targets", "stream_end_event", "retry_once",
+        "replica_status"]
     assert status["routing"]["policy"]["json_only_without_json_intent"] == "serve_as_json"
 
 

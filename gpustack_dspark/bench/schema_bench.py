@@ -1,0 +1,213 @@
+"""Real-world schemas through GPUStack's `/v1`: JSONSchemaBench, one request per schema.
+
+Not a test. One run starts a real PostgreSQL, then per configuration a real GPUStack 2.3
+server with the plugin, a real CPU worker and one real `dspark-serve` replica (real vLLM on
+CPU, the tiny fixture model), and sends every schema once with the OpenAI SDK
+(`response_format: json_schema`, "Reply with a JSON object.", temperature 0):
+
+- `before`: what was built before issue 20: GPUStack's stock status codes (routing policy
+  `proxy.pass_replica_status: false`) and schemas vLLM's xgrammar backend refuses refused
+  (`DSPARK_SCHEMA_RELAX=0`);
+- `after`: the replica's own status passed through, those schemas served with the refused
+  keywords relaxed out of the grammar and the reply checked against the original.
+
+Each reply is classified: valid (finished and validates), cut by max_tokens, refused (status
+and reason), withheld (the replica's reply check: 5xx SchemaViolationError), invalid delivered
+(finished, delivered and does not validate: must be 0), error (no answer). Prints a table per
+split and in total for both configurations.
+
+    .venv/bin/python -m gpustack_dspark.bench.schema_bench [--per-split N] [--limit N] [--max-tokens 256]
+        [--concurrency 2] [--out results.json]
+
+All 333 schemas take about half an hour per configuration on a busy 2-core machine (~5 s a
+request at concurrency 2 with the tiny CPU model); `--per-split 10` takes a third of that.
+"""
+
+import argparse
+import collections
+import json
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+CLASSES = ("valid", "cut", "refused", "withheld", "invalid", "error")
+DEFAULT_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
+
+
+def bench_paths(bench: Path, limit: int = 0, per_split: int = 0) -> List[Path]:
+    paths = sorted(bench.glob("*/*.json"))
+    if per_split:
+        by_split: Dict[str, List[Path]] = collections.defaultdict(list)
+        for path in paths:
+            by_split[path.parent.name].append(path)
+        paths = [p for split in sorted(by_split) for p in by_split[split][:per_split]]
+    return paths[:limit] if limit else paths
+
+
+def classify(schema: Any, status: int, body: Any) -> Tuple[str, str]:
+    """(class, detail) of one answer (pure)."""
+    import jsonschema
+
+    if status != 200:
+        error = body.get("error") if isinstance(body, dict) else None
+        error = error if isinstance(error, dict) else (body if isinstance(body, dict) else {})
+        message = str(error.get("message") or body)[:160]
+        if status >= 500 and error.get("type") == "SchemaViolationError":
+            return "withheld", message
+        return "refused", f"{status} {message}"
+    choice = body["choices"][0]
+    content = choice["message"].get("content") or ""
+    if choice.get("finish_reason") == "length":
+        return "cut", ""
+    try:
+        jsonschema.validators.validator_for(schema)(schema).validate(json.loads(content))
+    except Exception as e:
+        return "invalid", str(e).splitlines()[0][:160]
+    return "valid", ""
+
+
+def run_requests(url: str, key: str, model: str, paths: List[Path], max_tokens: int,
+                 concurrency: int) -> List[Dict[str, Any]]:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
+
+    def one(path: Path) -> Dict[str, Any]:
+        schema = json.loads(path.read_text())
+        started = time.monotonic()
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": "Reply with a JSON object."}], temperature=0,
+                max_tokens=max_tokens, response_format={"type": "json_schema", "json_schema": {
+                    "name": "bench", "schema": schema}})
+            status, body = raw.http_response.status_code, raw.http_response.json()
+        except openai.APIStatusError as e:
+            status = e.status_code
+            try:
+                body = e.response.json()
+            except ValueError:
+                body = {"error": {"message": e.response.text[:300]}}
+        except Exception as e:  # no answer at all
+            return {"path": str(path), "split": path.parent.name, "class": "error", "detail": repr(e)[:200],
+                    "seconds": round(time.monotonic() - started, 2)}
+        kind, detail = classify(schema, status, body)
+        return {"path": str(path), "split": path.parent.name, "class": kind, "detail": detail, "status": status,
+                "seconds": round(time.monotonic() - started, 2)}
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, paths))
+
+
+def summary(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, int]]:
+    table: Dict[str, Dict[str, int]] = collections.defaultdict(lambda: {c: 0 for c in CLASSES})
+    for r in results:
+        table[r["split"]][r["class"]] += 1
+        table["TOTAL"][r["class"]] += 1
+    return dict(table)
+
+
+def print_tables(out: Dict[str, List[Dict[str, Any]]]) -> None:
+    names = list(out)
+    tables = {name: summary(results) for name, results in out.items()}
+    splits = sorted({s for t in tables.values() for s in t if s != "TOTAL"}) + ["TOTAL"]
+    print("\n| split | " + " | ".join(f"{n}: valid / cut / refused / withheld / invalid / error" for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for split in splits:
+        cells = []
+        for name in names:
+            row = tables[name].get(split, {c: 0 for c in CLASSES})
+            cells.append(" / ".join(str(row[c]) for c in CLASSES))
+        print(f"| {split} | " + " | ".join(cells) + " |")
+    for name in names:
+        total = tables[name]["TOTAL"]
+        n = sum(total.values()) or 1
+        statuses = collections.Counter(r.get("status") for r in out[name] if r["class"] == "refused")
+        print(f"{name}: served-and-valid + cut = {100 * (total['valid'] + total['cut']) / n:.1f}% of {n}; "
+              f"invalid delivered = {total['invalid']}; refusal statuses {dict(statuses)}")
+        reasons = collections.Counter(r["detail"][:90] for r in out[name] if r["class"] in ("refused", "withheld"))
+        for reason, count in reasons.most_common(6):
+            print(f"    {count:4d}  {reason}")
+
+
+def run_config(name: str, pass_status: bool, relax: bool, pg, base: Path, paths, args) -> List[Dict[str, Any]]:
+    from gpustack_dspark import backend
+    from gpustack_dspark.devstack.api import GPUStackAPI
+    from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+    from gpustack_dspark.devstack.server import GPUStackServer
+    from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
+    from gpustack_dspark.devstack.worker import join_cpu_worker
+
+    policy_dir = base / f"policy-{name}"
+    policy_dir.mkdir()
+    (policy_dir / "routing.yaml").write_text(f"version: 1\nproxy:\n  pass_replica_status: {str(pass_status).lower()}\n")
+    replica = start_replica(base / f"replica-{name}.log", ["--enable-dspark", "--dspark-warmup-requests", "2"],
+                            env={"DSPARK_SCHEMA_RELAX": "1" if relax else "0"})
+    pg.reset()
+    server = GPUStackServer(data_dir=base / f"server-{name}", database_url=pg.url,
+                            extra_args=["--dspark-policy-dir", str(policy_dir)]).start(timeout_s=600)
+    key = server.create_api_key()
+    api = GPUStackAPI(server.url, key)
+    worker = keeper = None
+    try:
+        worker = join_cpu_worker(api, server.url, f"bench-{name}", base / f"worker-{name}")
+        row = api.get(f"/v2/workers/{worker.id}")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(b["backend_name"] == backend.BACKEND_NAME for b in api.items("/v2/inference-backends")):
+                break
+            time.sleep(1)
+        replica.wait_ready(600)
+        model = create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
+                                      row["cluster_id"], row, [replica.port], base / f"model-{name}")
+        keeper = RunningStateKeeper(GPUStackAPI(server.url, key), row).start()
+        keeper.watch(model["id"])
+        wait_routable(server.url, key, SERVED_NAME, 300)
+        started = time.monotonic()
+        results = run_requests(server.url, key, SERVED_NAME, paths, args.max_tokens, args.concurrency)
+        print(f"== {name}: {len(results)} requests in {time.monotonic() - started:.0f} s", flush=True)
+        return results
+    finally:
+        if keeper:
+            keeper.stop()
+        if worker:
+            worker.stop()
+        server.stop()
+        api.close()
+        replica.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", type=Path, default=DEFAULT_BENCH)
+    parser.add_argument("--limit", type=int, default=0, help="first N schemas (sorted by path); 0 = all")
+    parser.add_argument("--per-split", type=int, default=0, help="first N schemas of each split; 0 = all")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--only", choices=("before", "after"), help="run one configuration")
+    parser.add_argument("--out", type=Path, help="write every classified reply as JSON")
+    args = parser.parse_args()
+
+    from gpustack_dspark.devstack.postgres import start_postgres
+
+    paths = bench_paths(args.bench, args.limit, args.per_split)
+    if not paths:
+        raise SystemExit(f"no schemas under {args.bench}")
+    base = Path(tempfile.mkdtemp(prefix="dspark-schema-bench-"))
+    pg = start_postgres(base / "pg")
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    try:
+        for name, pass_status, relax in (("before", False, False), ("after", True, True)):
+            if args.only and args.only != name:
+                continue
+            out[name] = run_config(name, pass_status, relax, pg, base, paths, args)
+    finally:
+        pg.stop()
+    print_tables(out)
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,405 @@
+"""Every real request gets the right answer (issue 20), against real parts: a GPUStack server
+(+ PostgreSQL) with the plugin, a real CPU worker, real `dspark-serve` replicas on real vLLM
+(CPU), the OpenAI Python SDK as the client.
+
+- replica `open`: the GPUStack model's only instance (pointed at by hand, as in
+  test_routing_dspark_replicas.py): status codes through the proxy, the SDK's JSON paths, tool
+  calls, hostile requests;
+- replica `keyed`: direct only, started with vLLM's `--api-key` and secret-bearing arguments and
+  environment: `/dspark/info` needs the key, shows no secret, and the launcher's log neither.
+"""
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from gpustack_dspark import backend
+from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
+from tests.conftest import admin_api, dspark_status, wait_for
+from tests.integration.test_routing import join_listening_cpu_worker
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "sk-dspark-test-4f1c9a"
+HF_TOKEN = "hf_secretvalue_8d2e"
+ENV_SECRET = "pw-in-env-77aa1"
+DEAD_MODEL = "unreachable-model"
+# xgrammar 0.2.8 ignores `not` (and vLLM lets it through): its only reply (1) breaks the
+# schema, so the replica's reply check must withhold it.
+WITHHELD_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 1, "not": {"const": 1}}
+LOOKBEHIND_SCHEMA = {"type": "object", "properties": {"code": {"type": "string", "pattern": "(?<=a)b"}},
+                     "required": ["code"]}
+ORDER_TOOL = {"type": "function", "function": {
+    "name": "place_order", "description": "Place an order.",
+    "parameters": {"type": "object", "properties": {
+        "user_id": {"type": "integer", "minimum": 1}, "action": {"type": "string", "enum": ["buy", "sell"]},
+        "amount": {"type": "number"}}, "required": ["user_id", "action", "amount"], "additionalProperties": False}}}
+LOOKUP_TOOL = {"type": "function", "function": {
+    "name": "lookup_user", "parameters": {"type": "object", "properties": {"user_id": {"type": "integer"}},
+                                          "required": ["user_id"], "additionalProperties": False}}}
+MESSAGES = [{"role": "user", "content": "Create an order record for user 7: sell 12.5."}]
+
+
+@pytest.fixture(scope="module")
+def stack(start_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("request-path")
+    open_replica = start_replica(base / "open.log", ["--enable-dspark", "--dspark-warmup-requests", "2"])
+    keyed = start_replica(base / "keyed.log", ["--enable-dspark", "--dspark-warmup-requests", "1",
+                                               "--api-key", API_KEY, "--hf-token", HF_TOKEN],
+                          env={"DSPARK_TEST_DB_PASSWORD": ENV_SECRET})
+    replicas = [open_replica, keyed]
+    server = start_server()
+    api = admin_api(server)
+    keeper = worker = None
+    try:
+        worker, row = join_listening_cpu_worker(server, api, "request-path-w1", base / "w1")
+        for replica in replicas:
+            replica.wait_ready(420)
+        model = create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
+                                      row["cluster_id"], row, [open_replica.port], base / "model")
+        dead = create_stand_in_model(api, DEAD_MODEL, backend.BACKEND_NAME, backend.CPU_VERSION,
+                                     row["cluster_id"], row, [free_port()], base / "dead")
+        keeper = RunningStateKeeper(admin_api(server), row).start()
+        keeper.watch(model["id"])
+        keeper.watch(dead["id"])
+        wait_routable(server.url, api.api_key, SERVED_NAME, 180)
+        yield server, api, open_replica, keyed
+    finally:
+        if keeper:
+            keeper.stop()
+        if worker:
+            worker.stop()
+        api.close()
+        for replica in replicas:
+            replica.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    server, api, _, _ = stack
+    # max_retries=0: a 5xx would otherwise be retried by the SDK, hiding what came back.
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=api.api_key, max_retries=0, timeout=180)
+
+
+def _proxy(stack, body, stream=False):
+    server, api, _, _ = stack
+    return httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {api.api_key}"},
+                      json={"model": SERVED_NAME, "messages": MESSAGES, "max_tokens": 64, "temperature": 0,
+                            **body, **({"stream": True} if stream else {})}, timeout=180)
+
+
+# ---- part 2: honest status codes through GPUStack's proxy -------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_mistake_is_a_400_with_the_replicas_error(client, stream):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=SERVED_NAME, messages=MESSAGES, max_tokens=-5, stream=stream)
+    assert e.value.status_code == 400
+    message = e.value.body["message"] if isinstance(e.value.body, dict) else str(e.value)
+    assert "max_tokens" in message and "An unexpected error occurred" not in message, e.value.body
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unusable_schema_is_a_400_naming_the_reason(stack, stream):
+    r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "bad", "schema": LOOKBEHIND_SCHEMA}}}, stream=stream)
+    assert r.status_code == 400, r.text[:500]
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert "the requested JSON schema is not usable" in error["message"] and error["param"] == "response_format"
+
+
+def test_a_withheld_reply_is_a_5xx_that_says_so_and_is_counted(stack):
+    server, api, replica, _ = stack
+    before = replica.info()["requests"]["schema_violations"]
+    r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "pair", "schema": WITHHELD_SCHEMA}}})
+    assert r.status_code == 500, r.text[:500]
+    error = r.json()["error"]
+    assert error["type"] == "SchemaViolationError" and "it was not delivered" in error["message"]
+    assert replica.info()["requests"]["schema_violations"] == before + 1
+    statuses = dspark_status(server, api.api_key)["routing"]["replica_statuses"]
+    assert statuses["withheld"] >= 1 and statuses["replica_4xx"] >= 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unreachable_replica_stays_503(stack, stream):
+    server, api, _, _ = stack
+    body = {"model": DEAD_MODEL, "messages": MESSAGES, "max_tokens": 8, **({"stream": True} if stream else {})}
+
+    def answer():
+        r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {api.api_key}"},
+                       json=body, timeout=60)
+        return r if r.status_code not in (404,) and "No running instances" not in r.text else None
+
+    r = wait_for(answer, 60, "the unreachable model's route")
+    assert r.status_code in (502, 503), r.text[:300]
+    assert "max_tokens" not in r.text
+
+
+# ---- part 1 (in part): schemas vLLM's xgrammar backend refuses ---------------------------------
+
+RELAXED_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["user_id", "amount"], "properties": {
+    "user_id": {"type": "integer", "minimum": 0, "maximum": 1000, "multipleOf": 7},
+    "amount": {"type": "number"}}}
+
+
+def test_a_schema_vllm_refuses_is_served_relaxed_and_reply_checked(stack):
+    _, _, replica, _ = stack
+    before = replica.info()["requests"]
+    served = []
+    for i in range(3):
+        r = _proxy(stack, {"max_tokens": 96, "seed": i, "messages": [
+            {"role": "user", "content": f"Create an order record for user {7 * (i + 1)}: buy {i + 2.5}."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": RELAXED_SCHEMA}}})
+        # Served (the grammar without multipleOf; the reply check with it): valid, cut, or withheld.
+        assert r.status_code in (200, 500), r.text[:300]
+        if r.status_code == 500:
+            assert r.json()["error"]["type"] == "SchemaViolationError"
+            continue
+        choice = r.json()["choices"][0]
+        if choice["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(choice["message"]["content"]), RELAXED_SCHEMA)
+        served.append(choice["finish_reason"])
+    after = replica.info()["requests"]
+    assert after["relaxed"] == before["relaxed"] + 3
+    # Streamed replies are not reply-checked, so there it stays a 400 naming the keyword.
+    r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "order", "schema": RELAXED_SCHEMA}}}, stream=True)
+    assert r.status_code == 400 and "multipleOf on a number, at /properties/user_id" in r.json()["error"]["message"]
+
+
+# ---- the OpenAI SDK's JSON paths through GPUStack ---------------------------------------------
+
+class Order(BaseModel):
+    user_id: int
+    action: str
+    amount: float
+
+
+def test_sdk_parse_with_a_pydantic_model(client):
+    completion = client.chat.completions.parse(model=SERVED_NAME, messages=MESSAGES, response_format=Order,
+                                               max_tokens=128, temperature=0)
+    choice = completion.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    if choice.finish_reason == "stop":
+        assert isinstance(choice.message.parsed, Order)
+
+
+def test_sdk_streaming_json_object_and_completions(client):
+    chunks = list(client.chat.completions.create(model=SERVED_NAME, messages=MESSAGES, max_tokens=128,
+                                                 temperature=0, stream=True,
+                                                 response_format={"type": "json_object"}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish and (finish[-1] != "stop" or json.loads(text) is not None)
+    plain = client.chat.completions.create(model=SERVED_NAME, messages=MESSAGES, max_tokens=128, temperature=0,
+                                           response_format={"type": "json_object"})
+    if plain.choices[0].finish_reason == "stop":
+        json.loads(plain.choices[0].message.content)
+    completion = client.completions.create(model=SERVED_NAME, prompt="Generate one order as JSON.", max_tokens=96,
+                                           temperature=0)
+    if completion.choices[0].finish_reason == "stop":
+        json.loads(completion.choices[0].text)  # the JSON default applies to completions too
+
+
+# ---- part 3: tool calls -----------------------------------------------------------------------
+
+def _streamed_tool_calls(stream) -> List[dict]:
+    calls: dict = {}
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            if delta.function and delta.function.name:
+                call["name"] += delta.function.name
+            if delta.function and delta.function.arguments:
+                call["arguments"] += delta.function.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", "named"])
+def test_constrained_tool_calls_validate_against_the_parameters(client, stack, tool_choice, stream):
+    _, _, replica, _ = stack
+    before = (replica.info()["drafting"]["counters"] or {}).get("requests_with_grammar", 0)
+    choice = {"type": "function", "function": {"name": "place_order"}} if tool_choice == "named" else "required"
+    kwargs = dict(model=SERVED_NAME, messages=MESSAGES, tools=[ORDER_TOOL, LOOKUP_TOOL], tool_choice=choice,
+                  max_tokens=200, temperature=0)
+    if stream:
+        calls = _streamed_tool_calls(client.chat.completions.create(stream=True, **kwargs))
+    else:
+        message = client.chat.completions.create(**kwargs).choices[0].message
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []]
+    assert calls, "no tool call came back"
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (ORDER_TOOL, LOOKUP_TOOL)}
+    for call in calls:
+        if tool_choice == "named":
+            assert call["name"] == "place_order"
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    # The tool-call grammar is a grammar like any other: the drafting layer saw it.
+    after = (replica.info()["drafting"]["counters"] or {}).get("requests_with_grammar", 0)
+    assert after > before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_answers(client, stream):
+    kwargs = dict(model=SERVED_NAME, messages=MESSAGES, tools=[ORDER_TOOL], tool_choice="auto", max_tokens=64,
+                  temperature=0)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    else:
+        message = client.chat.completions.create(**kwargs).choices[0].message
+        for call in message.tool_calls or []:  # whatever the tiny model chose, calls carry JSON arguments
+            json.loads(call.function.arguments)
+        assert message.tool_calls or message.content is not None
+
+
+def test_an_unusable_tool_schema_is_a_400(stack):
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": LOOKBEHIND_SCHEMA}}
+    r = _proxy(stack, {"tools": [bad_tool], "tool_choice": "required"})
+    assert r.status_code == 400, r.text[:300]
+    assert "tools[0].function.parameters is not usable" in r.json()["error"]["message"]
+
+
+def test_info_says_which_tool_call_options(stack):
+    _, _, replica, _ = stack
+    info = replica.info()
+    tools = info["tool_calls"]
+    # The fixture's tokenizer has no <|python_tag|>, so the llama parser would fail: the default.
+    assert tools["parser"] == "pythonic" and tools["source"] == "launcher" and "python_tag" in tools["reason"]
+    argv = info["vllm_argv"]
+    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "pythonic"
+
+
+# ---- part 5: hostile requests -----------------------------------------------------------------
+
+def _nested(depth):
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _deep_schema(depth):
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+HOSTILE = {
+    "self_ref": ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"$ref": "#"}}}},
+                 "leads back to itself"),
+    "deep_body": ({"metadata_x": _nested(500)}, "nested"),
+    "deep_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": _deep_schema(250)}}},
+                    "nested"),
+    "many_properties": ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(20000)}}}}}, "20000 properties"),
+    "huge_enum": ({"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": {
+        "type": "string", "enum": [f"value-{i}" for i in range(20000)]}}}}, "enum has 20000 values"),
+    "catastrophic_regex": ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(a+)+$"}}}}}}, "nests an unbounded quantifier"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_requests_are_400s_naming_the_problem(stack, case):
+    _, _, replica, _ = stack
+    body, words = HOSTILE[case]
+    direct = httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=60, json={
+        "model": SERVED_NAME, "messages": MESSAGES, "max_tokens": 16, **body})
+    assert direct.status_code == 400, direct.text[:300]
+    assert words in direct.json()["error"]["message"], direct.json()
+    proxied = _proxy(stack, body)
+    assert proxied.status_code == 400, proxied.text[:300]
+    message = proxied.json()["error"]["message"]
+    # Through GPUStack the same words, except a body too deep for GPUStack's own parser (its 400).
+    assert words in message or (case == "deep_body" and "recursion" in message), message
+    assert replica.ready_status(5) == 200
+
+
+def test_the_replica_stays_up_under_hostile_requests_in_parallel(stack):
+    _, _, replica, _ = stack
+
+    def hammer(case):
+        with httpx.Client(base_url=replica.base_url, timeout=60) as c:
+            return c.post("/v1/chat/completions", json={"model": SERVED_NAME, "messages": MESSAGES,
+                                                        "max_tokens": 16, **HOSTILE[case][0]}).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(hammer, sorted(HOSTILE) * 2))
+    assert codes == [400] * len(codes)
+    ok = httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=120, json={
+        "model": SERVED_NAME, "messages": MESSAGES, "max_tokens": 64, "temperature": 0})
+    assert ok.status_code == 200
+
+
+# ---- part 4: no secrets on the open endpoint --------------------------------------------------
+
+def test_info_needs_the_api_key_and_shows_no_secret(stack):
+    _, _, _, keyed = stack
+    assert httpx.get(f"{keyed.base_url}/dspark/ready", timeout=5).status_code == 200  # GPUStack's probe: open
+    refused = httpx.get(f"{keyed.base_url}/dspark/info", timeout=5)
+    assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
+    wrong = httpx.get(f"{keyed.base_url}/dspark/info", headers={"Authorization": "Bearer nope"}, timeout=5)
+    assert wrong.status_code == 401
+    info = httpx.get(f"{keyed.base_url}/dspark/info", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5)
+    assert info.status_code == 200
+    text = info.text
+    assert API_KEY not in text and HF_TOKEN not in text and ENV_SECRET not in text
+    argv = info.json()["vllm_argv"]
+    assert argv[argv.index("--api-key") + 1] == "REDACTED" and argv[argv.index("--hf-token") + 1] == "REDACTED"
+    assert info.json()["auth"] == {"api_key_required": True}
+    # vLLM's own API still wants the key; the warmup (which sends it) went through.
+    assert httpx.get(f"{keyed.base_url}/v1/models", timeout=5).status_code == 401
+    assert info.json()["warmup"]["succeeded"] == 1
+
+
+def test_the_launchers_log_shows_no_secret(stack):
+    _, _, _, keyed = stack
+    log = keyed.process.log_tail(2_000_000)
+    assert "vLLM argv:" in log and "REDACTED" in log
+    for secret in (API_KEY, HF_TOKEN, ENV_SECRET):
+        assert secret not in log, secret
+
+
+def test_open_replica_info_stays_open(stack):
+    _, _, replica, _ = stack
+    info = httpx.get(f"{replica.base_url}/dspark/info", timeout=5)
+    assert info.status_code == 200 and info.json()["auth"] == {"api_key_required": False}
+
+
+def test_the_named_refusals_agree_with_vllms_own_check_on_the_bench():
+    """Same verdict as vLLM's has_xgrammar_unsupported_json_features for every bench schema
+    (that function is vLLM's; run in the worker venv)."""
+    if not worker_python().exists():
+        pytest.skip("no worker venv")
+    script = r"""
+import json, pathlib, sys
+from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features as vllm_says
+from gpustack_dspark.worker.schema_check import xgrammar_unsupported
+bench = pathlib.Path(sys.argv[1])
+diff = [p.name for p in sorted(bench.glob("*/*.json"))
+        if isinstance(s := json.loads(p.read_text()), dict) and vllm_says(s) != (xgrammar_unsupported(s) is not None)]
+print(json.dumps(diff))
+"""
+    bench = Path("/work/shared/data/jsonschemabench")
+    if not bench.exists():
+        pytest.skip("no JSONSchemaBench data")
+    done = subprocess.run([str(worker_python()), "-c", script, str(bench)], capture_output=True, text=True,
+                          timeout=300, env=worker_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

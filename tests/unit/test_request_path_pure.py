@@ -1,0 +1,235 @@
+"""The pure cores of issue 20: whose error answer it is (routing), secret redaction, request
+limits against hostile bodies and schemas, and the tool-call options per model family."""
+
+import json
+import time
+
+import pytest
+
+from gpustack_dspark.knobs import DSparkKnobs
+from gpustack_dspark.routing import upstream_status
+from gpustack_dspark.translate import DEFAULT_TOOL_PARSER, plan_launch, tool_call_options
+from gpustack_dspark.worker import redact, request_limits
+
+
+def _err(message, type_="BadRequestError", code=400):
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+@pytest.mark.parametrize("status,body,expected", [
+    (200, b"{}", upstream_status.OK),
+    (400, _err("max_tokens must be at least 1, got -5."), upstream_status.REPLICA),
+    (400, _err("the requested JSON schema is not usable: ..."), upstream_status.REPLICA),
+    (404, _err("The model `x` does not exist.", "NotFoundError", 404), upstream_status.REPLICA),
+    (401, json.dumps({"error": "Unauthorized"}).encode(), upstream_status.REPLICA),
+    (500, _err("the reply does not validate ...", "SchemaViolationError", 500), upstream_status.REPLICA),
+    # The GPUStack worker's own answers: the replica was not reached or did not answer in time.
+    (503, _err("An unexpected error occurred: Cannot connect to host 127.0.0.1:1 ssl:default", "ServiceUnavailable", 503),
+     upstream_status.WORKER),
+    (503, _err("An unexpected error occurred: something else", "ServiceUnavailable", 503), upstream_status.WORKER),
+    (404, json.dumps({"code": 404, "reason": "Not Found",
+                      "message": "No running model instance found for model name: 3"}).encode(), upstream_status.WORKER),
+    (504, _err("Upstream http://127.0.0.1:9/v1/x sent no response data within 60s", "GatewayTimeout", 504),
+     upstream_status.WORKER),
+    (504, _err("Request to http://x timed out", "GatewayTimeout", 504), upstream_status.WORKER),
+    (400, json.dumps({"detail": "Missing target port; ensure the request includes the routing header"}).encode(),
+     upstream_status.WORKER),
+    (499, b"", upstream_status.WORKER),
+])
+def test_classify_whose_answer(status, body, expected):
+    assert upstream_status.classify(status, body) == expected
+
+
+def test_withheld_replies_are_counted_apart():
+    withheld = _err("the reply does not validate", "SchemaViolationError", 500)
+    assert upstream_status.is_withheld(500, withheld)
+    assert upstream_status.count_key(500, withheld) == "withheld"
+    assert upstream_status.count_key(400, _err("bad")) == "replica_4xx"
+    assert upstream_status.count_key(500, _err("boom", "InternalServerError", 500)) == "replica_5xx"
+
+
+def test_redact_argv_hides_secret_values_only():
+    argv = ["--model", "/m", "--api-key", "k1", "k2", "--hf-token=hf_abc", "--max-num-batched-tokens", "512",
+            "--tokenizer", "/tok", "--served-model-name", "x", "--speculative-config", '{"method":"ngram"}',
+            "--additional-config", '{"db_password": "pw", "n": 1}', "--port", "8000"]
+    out = redact.redact_argv(argv)
+    assert out == ["--model", "/m", "--api-key", "REDACTED", "REDACTED", "--hf-token=REDACTED",
+                   "--max-num-batched-tokens", "512", "--tokenizer", "/tok", "--served-model-name", "x",
+                   "--speculative-config", '{"method":"ngram"}',
+                   "--additional-config", '{"db_password":"REDACTED","n":1}', "--port", "8000"]
+    assert sorted(redact.secret_values(argv)) == ["hf_abc", "k1", "k2", "pw"]
+    assert not any(secret in json.dumps(out) for secret in ("k1", "k2", "hf_abc", '"pw"'))
+
+
+def test_redact_env_and_names():
+    env = {"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k", "PGPASSWORD": "p", "DB_PASSWORD": "p2", "CLIENT_SECRET": "s",
+           "TOKENIZERS_PARALLELISM": "false", "PATH": "/bin", "AWS_ACCESS_KEY_ID": "a"}
+    out = redact.redact_env(env)
+    assert out["HF_TOKEN"] == out["VLLM_API_KEY"] == out["DB_PASSWORD"] == out["CLIENT_SECRET"] == "REDACTED"
+    assert out["TOKENIZERS_PARALLELISM"] == "false" and out["PATH"] == "/bin"
+    assert out["AWS_ACCESS_KEY_ID"] == "REDACTED"
+    assert redact.redact_text("key is sk-12345 ok", ["sk-12345"]) == "key is REDACTED ok"
+    assert redact.redact_text("enabled: true, port 123456", ["true", "123456", "abc"]) == "enabled: true, port 123456"
+
+
+def _nested(depth):
+    value = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_body_and_schema_depth_are_bounded_and_named():
+    request_limits.check_body({"messages": [], "x": _nested(50)})
+    with pytest.raises(request_limits.LimitExceeded, match="nested more than 100 levels"):
+        request_limits.check_body({"x": _nested(500)})
+    deep_schema = {"type": "object"}
+    for _ in range(35):
+        deep_schema = {"type": "object", "properties": {"a": deep_schema}}
+    with pytest.raises(request_limits.LimitExceeded, match="response_format.json_schema.schema is nested more than 64"):
+        request_limits.check_body({"response_format": {"type": "json_schema", "json_schema": {"schema": deep_schema}}})
+
+
+@pytest.mark.parametrize("schema,words", [
+    ({"$ref": "#"}, "$ref at (root) leads back to itself"),
+    ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "type": "object",
+      "properties": {"x": {"$ref": "#/$defs/a"}}}, "leads back to itself"),
+    ({"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "left recursion"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(20000)}},
+     "at /properties: 20000 properties (at most 2048 allowed)"),
+    ({"type": "string", "enum": [f"v{i}" for i in range(20000)]}, "at /enum: enum has 20000 values"),
+    ({"type": "object", "properties": {"code": {"type": "string", "pattern": "(a+)+$"}}},
+     "at /properties/code/pattern: pattern '(a+)+$' nests an unbounded quantifier"),
+    ({"type": "string", "pattern": r"^(\d*)*x"}, "nests an unbounded quantifier"),
+])
+def test_hostile_schemas_are_named(schema, words):
+    started = time.process_time()
+    with pytest.raises(request_limits.LimitExceeded) as e:
+        request_limits.check_schema(schema)
+    assert words in str(e.value)
+    assert "\n" not in str(e.value)
+    assert time.process_time() - started < 5  # CPU time of the pure check: seconds would mean a blow-up
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"child": {"$ref": "#"}, "name": {"type": "string"}}},  # real recursion
+    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
+     "$ref": "#/$defs/node"},
+    {"type": "string", "pattern": r"^([a-z0-9]+\.)+[a-z]{2,}$"},  # domain names: separator in the group
+    {"type": "string", "pattern": r"^[A-Z]{2}-\d+$"},
+    {"type": "object", "properties": {"pattern": {"type": "string"}, "enum": {"type": "integer"}}},
+])
+def test_real_schemas_pass_the_limits(schema):
+    request_limits.check_schema(schema)
+
+
+def test_tool_parameters_are_checked_too():
+    body = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]}
+    with pytest.raises(request_limits.LimitExceeded, match=r"tools\[0\].function.parameters: \$ref"):
+        request_limits.check_body(body)
+
+
+def test_every_bench_schema_passes_the_limits():
+    from pathlib import Path
+
+    bench = Path("/work/shared/data/jsonschemabench")
+    if not bench.exists():
+        bench = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
+    paths = sorted(bench.glob("*/*.json"))
+    if not paths:
+        pytest.skip("no JSONSchemaBench data next to the checkout")
+    refused = []
+    for path in paths:
+        try:
+            request_limits.check_schema(json.loads(path.read_text()))
+        except request_limits.LimitExceeded as e:
+            refused.append((path.name, str(e)))
+    # The limits must not cost real schemas: at most a handful that are left-recursive.
+    assert len(refused) <= 3, refused
+
+
+@pytest.mark.parametrize("model_type,name,tokens,parser", [
+    ("deepseek_v3", "/models/DeepSeek-V3", ["<｜tool▁calls▁begin｜>"], "deepseek_v3"),
+    ("deepseek_v3", "/models/DeepSeek-V3.1-Terminus", None, "deepseek_v31"),
+    ("deepseek_v32", "/m/DeepSeek-V3.2", None, "deepseek_v32"),
+    ("deepseek_v4", "/m/x", None, "deepseek_v4"),
+    ("deepseek_v41", "/m/x", None, "deepseek_v41"),
+    ("qwen3", "/m/Qwen3-8B", ["<tool_call>", "</tool_call>"], "hermes"),
+    ("llama", "/m/Llama-3.1-8B", ["<|python_tag|>"], "llama3_json"),
+    ("llama", "/m/tiny", ["<|end|>"], DEFAULT_TOOL_PARSER),  # the parser would fail on this tokenizer
+    ("gemma2", "/m/g", None, DEFAULT_TOOL_PARSER),
+])
+def test_tool_call_parser_per_family(model_type, name, tokens, parser):
+    args, info = tool_call_options(name, {"model_type": model_type}, [], tokens)
+    assert args == ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    assert info["parser"] == parser and info["source"] == "launcher" and info["reason"]
+
+
+def test_tool_call_parser_is_overridable_and_in_the_plan():
+    args, info = tool_call_options("/m", {"model_type": "llama"}, ["--tool-call-parser", "hermes"], None)
+    assert args == [] and info == {"parser": "hermes", "auto_tool_choice": False, "source": "given",
+                                   "reason": "--tool-call-parser given"}
+    plan = plan_launch("/m", DSparkKnobs(enable=True), ["--enable-auto-tool-choice"], config={"model_type": "qwen3"})
+    assert plan.vllm_argv.count("--enable-auto-tool-choice") == 1
+    assert plan.vllm_argv[plan.vllm_argv.index("--tool-call-parser") + 1] == "hermes"
+    assert plan.tool_calls["parser"] == "hermes"
+
+
+@pytest.mark.parametrize("schema,words", [
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems on an array, at (root)"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}},
+     "multipleOf on a number, at /properties/n"),
+    ({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$", "maxLength": 4}}},
+     "pattern or format together with minLength/maxLength"),
+    ({"type": "object", "properties": {"s": {"type": "string", "format": "iri"}}}, "format 'iri'"),
+    ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf with more than one branch"),
+])
+def test_what_vllms_xgrammar_backend_refuses_is_named(schema, words):
+    from gpustack_dspark.worker.schema_check import xgrammar_unsupported
+
+    assert words in xgrammar_unsupported(schema)
+
+
+
+def test_relaxing_drops_only_what_xgrammar_refuses_and_keeps_the_original():
+    from gpustack_dspark.worker.json_default import requested_schema, with_schema
+    from gpustack_dspark.worker.schema_check import relax_for_xgrammar, xgrammar_unsupported
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "tags", "code"], "properties": {
+        "n": {"type": "integer", "multipleOf": 5, "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "format": "iri"}, "uniqueItems": True},
+        "code": {"type": "string", "pattern": "^[A-Z]+$", "maxLength": 8},
+        "both": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                           {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}}}
+    original = json.dumps(schema, sort_keys=True)
+    relaxed, dropped = relax_for_xgrammar(schema)
+    assert json.dumps(schema, sort_keys=True) == original  # the reply check keeps the original
+    assert xgrammar_unsupported(relaxed) is None
+    assert sorted(dropped) == sorted(["multipleOf at /properties/n", "uniqueItems at /properties/tags",
+                                      "format at /properties/tags/items", "maxLength at /properties/code",
+                                      "allOf at /properties/both (merged)"])
+    assert relaxed["properties"]["n"] == {"type": "integer", "minimum": 0}
+    assert relaxed["properties"]["code"] == {"type": "string", "pattern": "^[A-Z]+$"}
+    assert relaxed["properties"]["both"] == {"type": "object", "properties": {"a": {"type": "integer"},
+                                             "b": {"type": "string"}}, "required": ["a", "b"]}
+    assert relax_for_xgrammar({"type": "string"}) == ({"type": "string"}, [])
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    assert requested_schema(with_schema(body, relaxed)) == relaxed and requested_schema(body) == schema
+    so = {"structured_outputs": {"json": schema}}
+    assert requested_schema(with_schema(so, relaxed)) == relaxed
+
+
+def test_schema_bench_classifies_each_answer():
+    from gpustack_dspark.bench.schema_bench import classify
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def ok(content, finish="stop"):
+        return {"choices": [{"finish_reason": finish, "message": {"content": content}}]}
+
+    assert classify(schema, 200, ok('{"a": 1}')) == ("valid", "")
+    assert classify(schema, 200, ok('{"a": ', "length")) == ("cut", "")
+    assert classify(schema, 200, ok('{"a": "x"}'))[0] == "invalid"
+    assert classify(schema, 500, {"error": {"type": "SchemaViolationError", "message": "withheld"}})[0] == "withheld"
+    assert classify(schema, 400, {"error": {"message": "not usable: x"}}) == ("refused", "400 not usable: x")
+    assert classify(schema, 503, {"error": {"message": "An unexpected error occurred"}})[0] == "refused"
