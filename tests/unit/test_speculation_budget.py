@@ -2,6 +2,7 @@
 traces, no engine: the time model's fit, the acceptance calibration, the choice rule, and the
 controller over a low -> high -> low load trace."""
 
+import json
 import math
 import random
 
@@ -265,3 +266,88 @@ def test_snapshot_is_plain_data():
     assert set(snap["acceptance_per_position"]) == {"forced", "statistical", "base"}
     import json
     json.dumps(snap)
+
+
+# --- the knob, the launch plan, the stats file and the metrics --------------------------------
+
+from gpustack_dspark.knobs import KnobError, parse_knob_args  # noqa: E402
+from gpustack_dspark.translate import Environment, plan_launch  # noqa: E402
+
+CPU = Environment(device="cpu")
+
+
+def plan(*flags):
+    knobs, rest = parse_knob_args(["--enable-dspark", *flags])
+    return plan_launch("/m", knobs, rest, config={"model_type": "llama"}, env=CPU)
+
+
+def test_auto_length_turns_the_budget_on_in_the_layer_config():
+    p = plan("--dspark-speculative-length=auto", "--dspark-speculative-max", "6")
+    config = json.loads(p.vllm_argv[p.vllm_argv.index("--additional-config") + 1])["dspark_drafting"]
+    spec = json.loads(p.vllm_argv[p.vllm_argv.index("--speculative-config") + 1])
+    assert config["budget"] is True and config["length"] == 6 and spec["num_speculative_tokens"] == 6
+    assert p.drafting["budget"] is True and "speculative_length=auto(max 6)" in p.startup_line()
+    default = plan("--dspark-speculative-length", "AUTO")
+    assert default.speculative_length == 8  # the max knob's default
+    fixed = plan("--dspark-speculative-length=5")
+    assert "budget" not in fixed.drafting and '"budget"' not in " ".join(fixed.vllm_argv)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dspark-speculative-length=aut"],
+     "--dspark-speculative-length: 'aut' is not allowed; allowed: auto or an integer 1-16"),
+    (["--dspark-speculative-length=auto", "--dspark-speculative-max=0"],
+     "--dspark-speculative-max: '0' is not allowed; allowed: an integer 1-16"),
+    (["--dspark-speculative-max=6"],
+     "--dspark-speculative-max: 6 is not allowed (it bounds only the per-step budget of "
+     "--dspark-speculative-length auto); allowed: leave it out, or set --dspark-speculative-length auto"),
+    (["--dspark-speculative-length=auto", "--dspark-drafting=off"],
+     "--dspark-speculative-length: 'auto' is not allowed (auto needs the drafting layer (or method dspark, "
+     "whose adaptive verification sizes its drafts); here the layer is off: turned off (--dspark-drafting=off)); "
+     "allowed: an integer 1-16"),
+])
+def test_bad_budget_knobs_say_field_value_and_what_is_allowed(flags, message):
+    with pytest.raises(KnobError) as e:
+        plan(*flags)
+    assert str(e.value) == message
+
+
+def test_yaml_takes_auto_like_the_flag():
+    from gpustack_dspark.knobs import build_knobs
+
+    knobs = build_knobs({"enable": True, "speculative_length": "auto", "speculative_max": 4})
+    assert knobs.length_auto and knobs.speculative_max == 4
+
+
+def test_the_stats_file_carries_the_snapshot_and_metrics_export_it(tmp_path):
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from gpustack_dspark.worker.drafting.budget_step import BudgetGlue
+    from gpustack_dspark.worker.drafting.stats import (DraftingCounters, StatsWriter, metric_families,
+                                                       read_budget, read_counters)
+
+    glue = BudgetGlue(4)
+    _, glue.budget = None, run_trace([(2, 30)])[1]
+    counters = DraftingCounters(drafts=3)
+    glue.sync(counters)
+    path = tmp_path / "counters.json"
+    StatsWriter(str(path)).maybe_write(counters, force=True, extra=glue.extra)
+    assert read_counters(str(path)) == counters and counters.budget_steps == 30
+    budget = read_budget(str(path))
+    assert budget["counters"]["steps"] == 30 and budget["time_model"]["in_use"] is True
+
+    class Collector:
+        def collect(self):
+            return metric_families(counters, "m", budget)
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    text = generate_latest(registry).decode()
+    assert 'dspark_budget_steps_total{model_name="m"} 30.0' in text
+    assert 'dspark_budget_speculating{model_name="m"} 1.0' in text
+    assert 'dspark_draft_position_acceptance{kind="forced",model_name="m",position="1"} 1.0' in text
+    assert "dspark_step_time_per_token_seconds" in text
+    # A hostile or broken file is no snapshot.
+    path.write_text('{"budget": [1, 2], "drafts": "x"}')
+    assert read_budget(str(path)) is None and read_counters(str(path)) is None
