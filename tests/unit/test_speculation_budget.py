@@ -351,3 +351,14 @@ def test_the_stats_file_carries_the_snapshot_and_metrics_export_it(tmp_path):
     # A hostile or broken file is no snapshot.
     path.write_text('{"budget": [1, 2], "drafts": "x"}')
     assert read_budget(str(path)) is None and read_counters(str(path)) is None
+
+
+def test_model_yaml_auto_becomes_the_flags():
+    from pathlib import Path
+
+    from gpustack_dspark.cli.modeldoc import parse_text
+
+    doc = parse_text("name: x\nsource: local_path\nlocal_path: /m\ndspark:\n  speculative_length: auto\n"
+                     "  speculative_max: 6\n", "m.yaml", Path("."))[0]
+    assert doc.entry["backend_parameters"] == ["--enable-dspark", "--dspark-speculative-length=auto",
+                                               "--dspark-speculative-max=6"]
