@@ -1,10 +1,9 @@
 """`gpustack-dspark sweep`'s pure parts: the grid, its table, the best setting per load, the
 model-YAML change that applies it, and the curve (PNG).
 
-A setting is (speculative length, accept threshold); length 0 is no speculation (DSpark's JSON
-default without `--enable-dspark`'s speculative config would change more than one thing, so
-0 is plain `dspark-serve` with DSpark off, as `bench.drafting` measures it) and `auto` is the
-drafting layer's per-step budget. Each setting is measured at every concurrency level. The
+A setting is (speculative length, accept threshold); length 0 is no speculation (`dspark-serve`
+without `--enable-dspark`, as `bench.drafting` measures it; the requests carry their schema)
+and `auto` is the drafting layer's per-step budget. Each setting is measured at every concurrency level. The
 sweep measures and recommends; it changes nothing on a deployment (docs/drafting.md).
 """
 
@@ -136,6 +135,13 @@ class Row:
     acceptance_rate: Optional[float]
     tokens_per_forward: Optional[float]
     format_errors: int
+
+
+def goodput(stats, check) -> float:
+    """Output tokens of the replies that passed the format check, per second of the run
+    (`stats`: bench.load.RunStats)."""
+    good = sum(r.output_tokens for r in stats.ok if check(r.content))
+    return good / stats.wall_s if stats.wall_s > 0 else 0.0
 
 
 def row_of(setting: Setting, concurrency: int, figures: Dict[str, Any], goodput: float) -> Row:

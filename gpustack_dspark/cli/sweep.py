@@ -156,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
                     raise CLIError(f"{setting.label} at concurrency {level}: {e}") from None
                 figures = figures_of(target_run)
                 stats = target_run.stats
-                good = sum(r.tokens for r in stats.ok if check(r.content))
-                goodput = good / stats.wall_s if stats.wall_s > 0 else 0.0
+                goodput = sweep.goodput(stats, check)
                 rows.append(sweep.row_of(setting, level, figures, goodput))
                 print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr)
         finally:

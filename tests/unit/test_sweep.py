@@ -99,3 +99,12 @@ def test_csv_json_and_a_png_that_opens(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert image.shape[0] == 500 and image.shape[1] == 800
     assert image[..., :3].std() > 0.05  # something is drawn
+
+
+def test_goodput_counts_only_replies_that_pass_the_format_check():
+    from gpustack_dspark.bench.load import Result, RunStats, json_check
+
+    stats = RunStats(2.0, [Result(1.0, 200, 10, '{"a": 1}'), Result(1.0, 200, 30, "not json"),
+                           Result(1.0, 500, 50, "")])
+    assert sweep.goodput(stats, json_check(None)) == 5.0
+    assert sweep.goodput(RunStats(0.0, []), json_check(None)) == 0.0
