@@ -1,6 +1,6 @@
 """`gpustack-dspark sweep` end to end against a real scratch replica (vLLM 0.32 on CPU, the tiny
 fixture model): the smallest grid (one setting, one concurrency level, two requests) — the
-table, the CSV/JSON, a PNG that opens, the YAML suggestion, and no replica left behind."""
+table, the CSV/JSON, a PNG that opens, the YAML suggestion, the budget on in the replica."""
 
 import json
 
