@@ -16,7 +16,7 @@ def test_sweep_on_a_scratch_replica_writes_its_table_png_and_suggestion(tmp_path
     assert dspark_serve_bin().exists(), "make worker-venv first"
     out = tmp_path / "sweep"
     code = main(["sweep", "--model-path", str(TARGET_MODEL), "--lengths", "auto", "--thresholds", "0.3",
-                 "--concurrency", "2", "--requests", "2", "--warmup", "0", "--max-tokens", "24",
+                 "--concurrency", "2", "--requests", "2", "--warmup", "0", "--max-tokens", "128",
                  "--out", str(out), "--no-progress"])
     printed = capsys.readouterr()
     assert code == 0, printed.err[-3000:]
