@@ -197,6 +197,36 @@ def recommendation(rows: Sequence[Row]) -> Dict[str, Any]:
             "yaml": "\n".join(lines) + "\n"}
 
 
+def batch_size_table(rows: Sequence[Row], max_batch: int = 1024) -> Optional[List[List[int]]]:
+    """vLLM's `num_speculative_tokens_per_batch_size` for the GPU methods whose drafts do not pass
+    the drafting layer (mtp, eagle3, draft_model on CUDA): per measured concurrency the best
+    fixed length (0 = no speculation; `auto` rows are left out), as inclusive batch-size ranges
+    split at the geometric mean of neighbouring levels, the first from 1, the last to
+    `max_batch`. None without fixed-length measurements."""
+    best: Dict[int, Row] = {}
+    for row in rows:
+        if row.length == AUTO:
+            continue
+        current = best.get(row.concurrency)
+        if current is None or _key(row) > _key(current):
+            best[row.concurrency] = row
+    levels = sorted(best)
+    if not levels:
+        return None
+    table, start = [], 1
+    for i, level in enumerate(levels):
+        end = max_batch if i == len(levels) - 1 else max(start, int(math.sqrt(level * levels[i + 1])))
+        table.append([start, end, int(best[level].length)])
+        start = end + 1
+    merged: List[List[int]] = []
+    for entry in table:  # neighbouring ranges with the same k become one
+        if merged and merged[-1][2] == entry[2]:
+            merged[-1][1] = entry[1]
+        else:
+            merged.append(entry)
+    return merged
+
+
 def _label(row: Row) -> str:
     return Setting(row.length, row.threshold).label + f" ({row.goodput_tok_s:g} tok/s)"
 
@@ -213,7 +243,9 @@ def as_csv(rows: Sequence[Row]) -> str:
 def as_json(rows: Sequence[Row], described: Dict[str, Any]) -> str:
     return json.dumps({"settings": described, "rows": [asdict(r) for r in rows],
                        "best_per_concurrency": {str(c): asdict(r) for c, r in best_per_load(rows).items()},
-                       "recommendation": recommendation(rows)}, indent=2)
+                       "recommendation": recommendation(rows),
+                       # For mtp / eagle3 / draft_model on CUDA (speculative config field).
+                       "vllm_num_speculative_tokens_per_batch_size": batch_size_table(rows)}, indent=2)
 
 
 def as_text(rows: Sequence[Row]) -> str:
@@ -229,6 +261,10 @@ def as_text(rows: Sequence[Row]) -> str:
     lines += ["", "best per concurrency:"]
     lines += [f"  {c}: {_label(r)}" for c, r in best_per_load(rows).items()]
     lines += ["", f"recommendation: {rec['why']}", "model YAML:", *("  " + l for l in rec["yaml"].splitlines())]
+    table = batch_size_table(rows)
+    if table:
+        lines += ["", "for GPU methods without the drafting layer (mtp, eagle3, draft_model on CUDA), vLLM's",
+                  f"  num_speculative_tokens_per_batch_size: {json.dumps(table)}"]
     return "\n".join(lines)
 
 

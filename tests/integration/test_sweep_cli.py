@@ -32,3 +32,29 @@ def test_sweep_on_a_scratch_replica_writes_its_table_png_and_suggestion(tmp_path
     assert "recommendation:" in printed.out and "speculative_length: auto" in printed.out
     log = (out / "replica-1.log").read_text()
     assert "speculative_length=auto(max 8)" in log and "budget=auto" in log
+
+
+VLLM_PARSE = """
+import json, sys
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup, validate_and_normalize_dynamic_sd_schedule
+table = json.loads(sys.argv[1])
+validate_and_normalize_dynamic_sd_schedule(table)
+print(json.dumps(build_dynamic_sd_schedule_lookup(table, 64, 8)))
+"""
+
+
+def test_the_batch_size_table_is_accepted_by_vllms_own_parser():
+    import subprocess
+
+    from gpustack_dspark.bench import sweep
+    from gpustack_dspark.devstack.replica import worker_env, worker_python
+
+    rows = [sweep.Row(length, threshold, level, 8, 0, goodput, goodput, 1.0, 1.0, 0.1, 0.9, 3.0, 0)
+            for length, threshold, level, goodput in ((0, None, 1, 10.0), (8, 0.3, 1, 30.0), (0, None, 8, 60.0),
+                                                      (4, 0.3, 8, 70.0), (0, None, 32, 95.0), (4, 0.3, 32, 90.0))]
+    table = sweep.batch_size_table(rows)
+    out = subprocess.run([str(worker_python()), "-c", VLLM_PARSE, json.dumps(table)], env=worker_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lookup = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (lookup[1], lookup[2], lookup[3], lookup[16], lookup[17], lookup[64]) == (8, 8, 4, 4, 0, 0)

@@ -108,3 +108,14 @@ def test_goodput_counts_only_replies_that_pass_the_format_check():
                            Result(1.0, 500, 50, "")])
     assert sweep.goodput(stats, json_check(None)) == 5.0
     assert sweep.goodput(RunStats(0.0, []), json_check(None)) == 0.0
+
+
+def test_the_batch_size_table_for_gpu_methods():
+    table = rows([(0, None, 1, 10.0), (8, 0.3, 1, 30.0), (4, 0.3, 1, 20.0), ("auto", 0.3, 1, 99.0),
+                  (0, None, 8, 60.0), (8, 0.3, 8, 50.0), (4, 0.3, 8, 70.0),
+                  (0, None, 32, 95.0), (8, 0.3, 32, 60.0), (4, 0.3, 32, 90.0),
+                  (0, None, 64, 99.0), (4, 0.3, 64, 90.0)])
+    # auto is left out; 1 -> 8, 8 -> 4, 32 and 64 -> 0 (merged); splits at sqrt(1*8)=2, sqrt(8*32)=16.
+    assert sweep.batch_size_table(table) == [[1, 2, 8], [3, 16, 4], [17, 1024, 0]]
+    assert sweep.batch_size_table(rows([("auto", 0.3, 1, 9.0)])) is None
+    assert json.loads(sweep.as_json(table, {}))["vllm_num_speculative_tokens_per_batch_size"][0] == [1, 2, 8]
