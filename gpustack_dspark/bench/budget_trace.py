@@ -7,7 +7,8 @@ The trace is fixed before tuning (seeded): low -> high -> low load phases, Poiss
 acceptance, vLLM's n-gram drafts), greedy. Each variant is a fresh real `dspark-serve` replica
 (fixture model, CPU layout, `--max-num-seqs 8` so the high phase has a waiting queue). Printed
 per variant: goodput (valid output tokens per second, by arrival phase and overall), P50/P99
-latency and TTFT P50 per phase, and the budget's own counters where it is on. A script, not a
+latency and TTFT P50 per phase (a phase's goodput: its requests' valid tokens from its first
+arrival to its last completion), and the budget's own counters where it is on. A script, not a
 test: figures on a shared CPU move between runs; compare only variants of one run.
 """
 
@@ -92,7 +93,10 @@ def figures(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     for name, _, seconds in PHASES:
         at = [r for r in results if r["phase"] == name]
         good = sum(r["tokens"] for r in at if r["valid"])
-        out[name] = {"goodput": round(good / seconds, 2), "p50": round(percentile([r["latency"] for r in at], 50), 2),
+        # Served rate of the phase's requests: from the first arrival to the last completion
+        # (arrivals are fixed, so tokens / phase length would only restate the offered load).
+        span = max(r["done"] for r in at) - min(r["at"] for r in at) if at else 0.0
+        out[name] = {"goodput": round(good / span, 2) if span > 0 else None, "p50": round(percentile([r["latency"] for r in at], 50), 2),
                      "p99": round(percentile([r["latency"] for r in at], 99), 2),
                      "ttft50": round(percentile([r["ttft"] for r in at], 50), 3), "n": len(at)}
     wall = max(r["done"] for r in results)
@@ -137,7 +141,7 @@ def main() -> None:
         overall = sum(r["overall"] for r in results) / len(results)
         cells = []
         for name, _, _ in PHASES:
-            g = sum(r[name]["goodput"] for r in results) / len(results)
+            g = sum(r[name]["goodput"] or 0.0 for r in results) / len(results)
             cells.append(f"{g:8.1f} {results[-1][name]['p50']:.1f}/{results[-1][name]['p99']:.1f}")
         print(f"{variant:8} {overall:8.1f}  " + "  ".join(cells))
 
