@@ -267,7 +267,8 @@ def _scheduler_class():
             except Exception:
                 # Drafts stay as built this step; the engine never stops for the budget.
                 self.dspark.counters.layer_errors += 1
-                logger.exception("DSpark speculation budget failed; drafts kept as built for this step")
+                if self.dspark.counters.layer_errors == 1:
+                    logger.exception("DSpark speculation budget failed; drafts kept as built for this step")
             output = super().schedule(*args, **kwargs)
             glue.after_schedule(output)
             return output
