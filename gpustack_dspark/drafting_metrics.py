@@ -29,4 +29,24 @@ METRICS = (
     ("dspark_target_forward_passes_total", "Request-steps of the target model that produced tokens",
      "target_forward_passes"),
     ("dspark_output_tokens_total", "Tokens produced by those steps", "output_tokens"),
+    ("dspark_budget_steps_total", "Steps the speculation budget decided (--dspark-speculative-length auto)",
+     "budget_steps"),
+    ("dspark_budget_steps_off_total", "Steps where the speculation budget verified no draft token",
+     "budget_steps_off"),
+    ("dspark_budget_draft_tokens_offered_total", "Draft tokens built while the speculation budget was on",
+     "budget_tokens_offered"),
+    ("dspark_budget_draft_tokens_kept_total", "Of them, draft tokens the speculation budget kept for verification",
+     "budget_tokens_kept"),
+    ("dspark_budget_steps_capped_by_prefill_total", "Steps where waiting prefills limited the draft tokens",
+     "budget_steps_capped_by_prefill"),
 )
+
+# The speculation budget's gauges (worker/drafting/stats.py), present when it is on.
+BUDGET_GAUGES = {
+    "draft_tokens": ("dspark_budget_draft_tokens", "Draft tokens the speculation budget kept on its last step"),
+    "speculating": ("dspark_budget_speculating", "1 while the speculation budget verifies drafts, 0 while it is off"),
+    "step_fixed": ("dspark_step_time_fixed_seconds", "The step-time model's fixed cost per engine step (a)"),
+    "step_per_token": ("dspark_step_time_per_token_seconds", "The step-time model's cost per scheduled token (b)"),
+    "position": ("dspark_draft_position_acceptance",
+                 "Observed acceptance of draft tokens the verifier reached, per kind and position"),
+}

@@ -10,7 +10,7 @@ import difflib
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpustack_dspark import bounded
 
@@ -47,6 +47,20 @@ def _integer(lo: int, hi: Optional[int]) -> Callable[[str, Any], int]:
             raise KnobError(where, raw, allowed)
         return value
     return parse
+
+
+AUTO_LENGTH = "auto"
+DEFAULT_MAX_LENGTH = 8
+
+
+def _length(where: str, raw: Any):
+    """`auto` (the per-step speculation budget) or a fixed length 1-16."""
+    if isinstance(raw, str) and raw.strip().lower() == AUTO_LENGTH:
+        return AUTO_LENGTH
+    try:
+        return _integer(1, 16)(where, raw)
+    except KnobError:
+        raise KnobError(where, raw, "auto or an integer 1-16") from None
 
 
 def _number(allowed: str, ok: Callable[[float], bool]) -> Callable[[str, Any], float]:
@@ -134,8 +148,12 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("enable", ENABLE_FLAG, "flag",
          "turn DSpark on; off = plain vLLM, nothing injected",
          _switch, form_default="", is_switch=True),
-    Knob("speculative_length", "--dspark-speculative-length", "an integer 1-16",
-         "draft tokens per step (default per method; DeepSeek-V4.1 DSpark: 5)", _integer(1, 16)),
+    Knob("speculative_length", "--dspark-speculative-length", "auto or an integer 1-16",
+         "draft tokens per step (default per method; DeepSeek-V4.1 DSpark: 5); auto: the drafting "
+         "layer decides per step and request, up to --dspark-speculative-max (docs/drafting.md)", _length),
+    Knob("speculative_max", "--dspark-speculative-max", "an integer 1-16",
+         "the most draft tokens per request per step with --dspark-speculative-length auto",
+         _integer(1, 16)),
     Knob("grammar_mode", "--dspark-grammar-mode", "json|off",
          "json: every request is JSON unless it asks for something else",
          _choice(GRAMMAR_MODES), form_default="json", choices=GRAMMAR_MODES),
@@ -176,7 +194,8 @@ class DSparkKnobs:
     """The knobs as given (None = not given: the worker picks the default per method)."""
 
     enable: bool = False
-    speculative_length: Optional[int] = None
+    speculative_length: Optional[Union[int, str]] = None  # an int, "auto" or None (per method)
+    speculative_max: int = DEFAULT_MAX_LENGTH
     grammar_mode: str = "json"
     schema: Optional[str] = None
     accept_threshold: Optional[float] = None
@@ -190,6 +209,11 @@ class DSparkKnobs:
     warmup_timeout: float = 600.0
     # Which knobs were given explicitly (flag or YAML), for messages and /dspark/info.
     given: Tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def length_auto(self) -> bool:
+        """`--dspark-speculative-length auto`: the per-step speculation budget decides."""
+        return self.speculative_length == AUTO_LENGTH
 
     def as_dict(self) -> Dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "given"}

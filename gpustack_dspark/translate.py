@@ -89,7 +89,9 @@ class LaunchPlan:
     def startup_line(self) -> str:
         if not self.enabled:
             return "DSpark disabled: plain vLLM (no speculative decoding or JSON default injected)"
-        parts = [f"method={self.method}", f"speculative_length={self.speculative_length}",
+        shown = (f"auto(max {self.speculative_length})" if self.drafting.get("budget")
+                 else self.speculative_length)
+        parts = [f"method={self.method}", f"speculative_length={shown}",
                  f"grammar_mode={self.grammar_mode}",
                  f"drafting={self.drafting.get('mode', 'off')}"]
         threshold = self.threshold
@@ -357,7 +359,24 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
     if layer_mode is None and knobs.drafting == "auto":
         notes.append(f"drafting layer off: {layer_reason}")
     default_length = LAYER_LENGTH if layer_mode and method != "draft_model" else _default_length(method, draft)
-    length = knobs.speculative_length or default_length
+    budget = knobs.length_auto
+    if budget:
+        length = knobs.speculative_max
+        budget_problem = auto_length_problem(method, layer_mode, layer_reason)
+        if budget_problem:
+            raise KnobError("--dspark-speculative-length", "auto", "an integer 1-16", budget_problem)
+        if method == "dspark":
+            budget = False  # vLLM's adaptive verification sizes DSpark's drafts (the recipe turns it on)
+            notes.append("speculative_length auto: DSpark's adaptive verification sizes each step's "
+                         f"verify budget, up to {length}")
+        else:
+            notes.append(f"speculative_length auto: the drafting layer's per-step budget, up to {length}")
+    else:
+        if "speculative_max" in knobs.given:
+            raise KnobError("--dspark-speculative-max", knobs.speculative_max,
+                            "leave it out, or set --dspark-speculative-length auto",
+                            "it bounds only the per-step budget of --dspark-speculative-length auto")
+        length = knobs.speculative_length or default_length
     spec = speculative_config(method, length, knobs)
     argv = list(base[:-2]) + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
@@ -380,7 +399,8 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
     threshold = threshold_semantics(method, knobs.accept_threshold, layer_mode)
     if layer_mode:
         # The user's own --additional-config is merged into ours (one flag, vLLM keeps one).
-        argv = _without_flag(argv, "--additional-config") + drafting_args(layer_mode, threshold["value"], length, passthrough)
+        argv = _without_flag(argv, "--additional-config") + drafting_args(layer_mode, threshold["value"], length,
+                                                                            passthrough, budget=budget)
     if not _has_flag(passthrough, "--per-request-spec-decode-metrics"):
         argv += ["--per-request-spec-decode-metrics", "summary"]
     argv += ["--middleware", MIDDLEWARE]
@@ -391,7 +411,8 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
     return LaunchPlan(
         vllm_argv=argv, enabled=True, method=method, method_reason=why, speculative_length=length,
         speculative_config=spec, grammar_mode=knobs.grammar_mode, threshold=threshold,
-        drafting={"mode": layer_mode or "off", "reason": layer_reason},
+        drafting={"mode": layer_mode or "off", "reason": layer_reason,
+                  **({"budget": True, "max_length": length} if budget and layer_mode else {})},
         warnings=tuple(warnings), notes=tuple(notes), tool_calls=tool_calls,
     )
 
@@ -420,7 +441,16 @@ def drafting_mode(knobs: DSparkKnobs, method: str, passthrough: Sequence[str]) -
     return mode, f"grammar json with vLLM's {method} drafter as the base"
 
 
-def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str]) -> List[str]:
+def auto_length_problem(method: str, layer_mode: Optional[str], layer_reason: str) -> Optional[str]:
+    """Why `--dspark-speculative-length auto` cannot work here, or None."""
+    if layer_mode or method == "dspark":
+        return None
+    return ("auto needs the drafting layer (or method dspark, whose adaptive verification sizes its drafts); "
+            f"here the layer is off: {layer_reason}")
+
+
+def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str],
+                  budget: bool = False) -> List[str]:
     """The vLLM arguments that load the layer: our scheduler class, synchronous scheduling (the
     only path where drafts pass the scheduler), and the layer's settings in additional_config."""
     given = _flag_value(passthrough, "--additional-config")
@@ -432,7 +462,8 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
             raise KnobError("--additional-config", given, "a JSON object", e.problem) from None
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
-    extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length}
+    extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length,
+                                  **({"budget": True} if budget else {})}
     return ["--scheduler-cls", DRAFTING_SCHEDULER, "--no-async-scheduling",
             "--additional-config", json.dumps(extra, separators=(",", ":"))]
 

@@ -11,10 +11,10 @@ import sys
 from typing import List, Optional
 
 from gpustack_dspark import __version__
-from gpustack_dspark.cli import apply, bench, delete, export, label, status
+from gpustack_dspark.cli import apply, bench, delete, export, label, status, sweep
 from gpustack_dspark.cli.client import CLIError, connection_options
 
-SUBCOMMANDS = [label, apply, export, delete, status, bench]
+SUBCOMMANDS = [label, apply, export, delete, status, bench, sweep]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any, Dict, List, Tuple
 
+from gpustack_dspark.drafting_metrics import BUDGET_GAUGES
 from gpustack_dspark.drafting_metrics import METRICS as DRAFTING_METRICS
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ DSPARK_FAMILIES: Dict[str, Dict[str, str]] = {
     # The drafting layer's counters (worker/drafting/stats.py).
     **{name[: -len("_total")]: {"type": "Counter", "description": help_text}
        for name, help_text, _ in DRAFTING_METRICS},
+    # The speculation budget's gauges (present while it is on).
+    **{name: {"type": "Gauge", "description": help_text} for name, help_text in BUDGET_GAUGES.values()},
 }
 
 

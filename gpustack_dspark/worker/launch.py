@@ -119,13 +119,13 @@ def _export_drafting_stats() -> None:
     counters to this file; /metrics (through worker/metrics.py) and /dspark/info read it."""
     import tempfile
 
-    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, metric_families, read_counters
+    from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, metric_families, read_budget, read_counters
 
     os.environ[STATS_FILE_ENV] = os.path.join(tempfile.mkdtemp(prefix="dspark-drafting-"), "counters.json")
 
     def drafting_families():
         counters = read_counters()
-        return metric_families(counters, worker_metrics.model_label()) if counters else ()
+        return metric_families(counters, worker_metrics.model_label(), read_budget()) if counters else ()
 
     worker_metrics.register_collector(drafting_families)
 

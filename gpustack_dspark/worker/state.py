@@ -69,11 +69,13 @@ class WorkerState:
             self.counters[name] = self.counters.get(name, 0) + 1
 
     def drafting_info(self) -> Dict[str, Any]:
-        from gpustack_dspark.worker.drafting.stats import read_counters
+        from gpustack_dspark.worker.drafting.stats import read_budget, read_counters
 
         out: Dict[str, Any] = {"mode": "off", **self.plan.drafting}
         counters = read_counters() if self.plan.drafting_layer_on else None
         out["counters"] = counters.summary() if counters else None
+        # The per-step speculation budget: time model, cutoff, per-position acceptance, why off.
+        out["budget"] = read_budget() if self.plan.drafting.get("budget") else None
         return out
 
     def info(self) -> Dict[str, Any]:

@@ -1,9 +1,11 @@
 """The DSpark drafting layer inside real vLLM 0.32 (CPU, the tiny fixture model).
 
-Three real `dspark-serve` replicas from the worker venv, started side by side: plain vLLM (no
-speculation), the layer with its defaults (forced + statistical), and the layer at threshold
-0.99. Greedy replies must be token-identical with and without the layer; the layer's counters
-(served on /metrics and /dspark/info) must show forced tokens that the grammar never trims.
+Four real `dspark-serve` replicas from the worker venv, started side by side: plain vLLM (no
+speculation), the layer with its defaults (forced + statistical), the layer at threshold
+0.99, and the layer with the per-step speculation budget (`--dspark-speculative-length auto`)
+and a small step token budget, so waiting prefills cap the drafts. Greedy replies must be
+token-identical with and without the layer and the budget; the layer's counters (served on
+/metrics and /dspark/info) must show forced tokens that the grammar never trims.
 """
 
 import json
@@ -28,6 +30,9 @@ SCHEMA_FILES = sorted((BENCH / "Glaiveai2K").glob("*.json"))[:11]
 PROMPTS_PER_SCHEMA = 5
 MAX_TOKENS = 64
 LAYER_ARGS = ["--enable-dspark", "--dspark-speculative-length=8"]
+# 256 tokens per step: with 8 requests in flight and prompts of a few hundred tokens, prefills
+# wait and the budget must leave them their tokens.
+BUDGET_ARGS = ["--enable-dspark", "--dspark-speculative-length=auto", "--max-num-batched-tokens", "256"]
 
 
 def schemas():
@@ -54,6 +59,7 @@ def replicas(tmp_path_factory):
         "plain": SAME_VLLM_ARGS,
         "layer": LAYER_ARGS + SAME_VLLM_ARGS,
         "strict": LAYER_ARGS + ["--dspark-accept-threshold=0.99"] + SAME_VLLM_ARGS,
+        "budget": BUDGET_ARGS + SAME_VLLM_ARGS,
     }
     started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"])
                for name, args in settings.items()}
@@ -75,6 +81,18 @@ def post_all(replica, requests, concurrency=4):
         return list(pool.map(one, requests))
 
 
+_PLAIN: dict = {}
+
+
+def plain_replies(replicas, requests):
+    """The plain replica's replies, asked once per module (two tests compare with them)."""
+    key = json.dumps(requests, sort_keys=True)
+    if key not in _PLAIN:
+        _PLAIN.clear()
+        _PLAIN[key] = post_all(replicas["plain"], requests)
+    return _PLAIN[key]
+
+
 def drafting_counters(replica, settle_s=1.5):
     time.sleep(settle_s)  # the engine writes its counters at most every 0.5 s
     return replica.info()["drafting"]["counters"]
@@ -89,7 +107,7 @@ def metric(replica, name):
 
 def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
     requests = bodies()
-    plain = post_all(replicas["plain"], requests)
+    plain = plain_replies(replicas, requests)
     layered = post_all(replicas["layer"], requests)
     compared, schemas_seen = 0, set()
     for body, (s1, r1), (s2, r2) in zip(requests, plain, layered):
@@ -112,6 +130,40 @@ def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
     # The same counters on /metrics, beside vLLM's spec-decode counters.
     assert metric(replicas["layer"], "dspark_draft_forced_tokens_proposed_total") >= counters["forced_proposed"]
     assert metric(replicas["layer"], "vllm:spec_decode_num_draft_tokens_total") > 0
+
+
+def test_the_speculation_budget_keeps_greedy_output_and_leaves_prefills_their_tokens(replicas):
+    requests = bodies()
+    plain = plain_replies(replicas, requests)
+    # Two prompts per schema, eight in flight: prefills wait while others decode.
+    picked = [i for i in range(len(requests)) if i % PROMPTS_PER_SCHEMA < 2]
+    budgeted = post_all(replicas["budget"], [requests[i] for i in picked], concurrency=8)
+    schemas_seen = set()
+    for i, (status, reply) in zip(picked, budgeted):
+        s1, r1 = plain[i]
+        assert status == s1 == 200, (status, s1, reply)
+        a, b = r1["choices"][0], reply["choices"][0]
+        assert (a["message"]["content"], a["finish_reason"]) == (b["message"]["content"], b["finish_reason"])
+        schemas_seen.add(json.dumps(requests[i]["response_format"]["json_schema"]["schema"], sort_keys=True))
+    assert len(schemas_seen) >= 10
+
+    info = replicas["budget"].info()
+    assert info["drafting"]["budget"] is not None and info["speculative_length"] == 8
+    assert "speculative_length auto" in " ".join(info["notes"])
+    counters = drafting_counters(replicas["budget"])
+    budget = replicas["budget"].info()["drafting"]["budget"]
+    assert counters["layer_errors"] == 0 and counters["grammar_trimmed_tokens"] == 0
+    # It decided real steps with a time model fitted on this replica ...
+    assert counters["budget_steps"] > 0 and budget["time_model"]["in_use"] is True
+    assert budget["time_model"]["a_ms"] > 0
+    # ... trimmed drafts where waiting prefills needed the step's tokens, and still speculated.
+    assert counters["budget_steps_capped_by_prefill"] > 0, budget
+    assert 0 < counters["budget_tokens_kept"] < counters["budget_tokens_offered"], budget
+    assert counters["tokens_per_forward"] > 1.2
+    assert budget["acceptance_per_position"]["forced"][0] is not None
+    # The same on /metrics.
+    assert metric(replicas["budget"], "dspark_budget_steps_total") >= counters["budget_steps"]
+    assert metric(replicas["budget"], "dspark_step_time_fixed_seconds") > 0
 
 
 def test_threshold_099_proposes_only_forced_tokens(replicas):
@@ -142,7 +194,14 @@ from gpustack_dspark.worker.drafting import scheduler
 if sys.argv[1] == "remove":
     from vllm.v1.core.sched.scheduler import Scheduler
     del Scheduler.update_draft_token_ids
-print(json.dumps(scheduler.check_vllm_internals()))
+problems = scheduler.check_vllm_internals()
+if sys.argv[1] == "keep":  # the speculation budget's instance-level needs, on a stand-in scheduler
+    from types import SimpleNamespace
+    from gpustack_dspark.worker.drafting import budget_step
+    problems += budget_step.check_scheduler(SimpleNamespace(
+        running=[], waiting=[], max_num_scheduled_tokens=1, max_num_running_reqs=1))
+    assert budget_step.check_scheduler(SimpleNamespace())[0] == "Scheduler.running is missing"
+print(json.dumps(problems))
 """
 
 

@@ -205,7 +205,7 @@ MALFORMED = [
     ("name: x\nsource: local_path\nlocal_path: /m\ndspark: {speculative_lenght: 6}\n",
      "dspark.speculative_lenght (line 4): unknown DSpark setting; did you mean speculative_length?"),
     ("name: x\nsource: local_path\nlocal_path: /m\ndspark:\n  speculative_length: 40\n",
-     "dspark.speculative_length (line 5): 40 is not allowed; allowed: an integer 1-16"),
+     "dspark.speculative_length (line 5): 40 is not allowed; allowed: auto or an integer 1-16"),
     ("name: x\nsource: local_path\nlocal_path: /m\ndspark: {accept_threshold: 1.5}\n",
      "dspark.accept_threshold (line 4): 1.5 is not allowed; allowed: a number, 0 < x < 1"),
     ("name: x\nsource: local_path\nlocal_path: /m\ndspark: {grammar: xml}\n",
@@ -220,7 +220,7 @@ MALFORMED = [
      "dspark.method (line 4): 'medusa' is not allowed; allowed: auto|dspark|mtp|suffix|ngram|draft_model|eagle3"),
     ("name: x\nsource: local_path\nlocal_path: /m\nbackend_parameters:\n  - --enable-dspark\n"
      "  - --dspark-speculative-length=0\n",
-     "backend_parameters[1] (line 6): --dspark-speculative-length: '0' is not allowed; allowed: an integer 1-16"),
+     "backend_parameters[1] (line 6): --dspark-speculative-length: '0' is not allowed; allowed: auto or an integer 1-16"),
     ("name: x\nsource: local_path\nlocal_path: /m\nbackend_parameters: [--dspark-specultive-length=3]\n",
      "backend_parameters[0] (line 4): --dspark-specultive-length is not a DSpark flag; "
      "did you mean --dspark-speculative-length?"),

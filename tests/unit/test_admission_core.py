@@ -15,12 +15,12 @@ def messages(*args):
 def test_only_dspark_models_are_judged():
     assert messages("vllm", ["--dspark-speculative-length=99"]) == []
     assert messages(BACKEND_NAME, ["--dspark-speculative-length=99"]) == [
-        "--dspark-speculative-length: '99' is not allowed; allowed: an integer 1-16"]
+        "--dspark-speculative-length: '99' is not allowed; allowed: auto or an integer 1-16"]
 
 
 def test_every_problem_is_reported_and_the_last_value_of_a_knob_wins_as_in_dspark_serve():
     argv = ["--dspark-method=bogus", "--dspark-speculative-length", "99", "--dspark-method=ngram", "--max-num-seqs=4"]
-    assert messages(BACKEND_NAME, argv) == ["--dspark-speculative-length: '99' is not allowed; allowed: an integer 1-16"]
+    assert messages(BACKEND_NAME, argv) == ["--dspark-speculative-length: '99' is not allowed; allowed: auto or an integer 1-16"]
     both = check.refusal_message(check.refusals(BACKEND_NAME, ["--dspark-precision=int4", "--dspark-zz"]))
     assert both.startswith(check.MESSAGE_PREFIX + "--dspark-precision: 'int4'") and " | --dspark-zz: " in both
 
@@ -31,7 +31,7 @@ def test_on_update_only_changed_values_are_judged():
     assert messages(BACKEND_NAME, stored + ["--max-num-seqs=2"], BACKEND_NAME, stored) == []
     changed = ["--enable-dspark", "--dspark-speculative-length=98", "--dspark-old-flag=1"]
     assert messages(BACKEND_NAME, changed, BACKEND_NAME, stored) == [
-        "--dspark-speculative-length: '98' is not allowed; allowed: an integer 1-16"]
+        "--dspark-speculative-length: '98' is not allowed; allowed: auto or an integer 1-16"]
     # Switching a model to DSpark: everything is new.
     assert len(messages(BACKEND_NAME, stored, "vllm", stored)) == 2
 

@@ -78,9 +78,15 @@ def test_the_cli_imports_no_server_side_module():
                "gpustack_dspark.backend_ids",
                *CLI_BENCH_MODULES, "gpustack_dspark.bench"}
     for path in CLI.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpustack_dspark"):
-                assert node.module in allowed or node.module.startswith("gpustack_dspark.cli"), (path, node.module)
+                # The one documented exception: `sweep` starts scratch replicas with devstack's
+                # process helpers, imported inside its functions only (when a sweep runs).
+                lazy_devstack = (path.name == "sweep.py" and node.module.startswith("gpustack_dspark.devstack.")
+                                 and node not in tree.body)
+                assert node.module in allowed or node.module.startswith("gpustack_dspark.cli") or lazy_devstack, \
+                    (path, node.module)
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not any(n == "gpustack" or n.startswith("gpustack.") for n in names), (path, names)

@@ -175,7 +175,13 @@ def test_every_exported_dspark_metric_is_documented(monkeypatch):
 
     class Drafting:
         def collect(self):
-            return metric_families(DraftingCounters(forced_proposed=1), "m")
+            from gpustack_dspark.worker.drafting.budget import SpeculationBudget
+
+            budget = SpeculationBudget()
+            budget.time.observe(3, 0.01)
+            budget.acceptance.observe(["forced"], [1.0], 1, 1)
+            budget.cutoff = 0.5
+            return metric_families(DraftingCounters(forced_proposed=1), "m", budget.snapshot())
 
     registry.register(Drafting())
     exported = {line.split("{")[0].split(" ")[0] for line in generate_latest(registry).decode().splitlines()

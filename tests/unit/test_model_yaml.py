@@ -65,9 +65,9 @@ def test_flags_and_section_say_the_same_thing_about_a_bad_value():
     by_section = errors(base + "dspark: {speculative_length: 40}\n")
     by_flag = errors(base + "backend_parameters: ['--dspark-speculative-length=40']\n")
     assert by_section == ["m.yaml: document 1 (x): dspark.speculative_length (line 4): "
-                          "40 is not allowed; allowed: an integer 1-16"]
+                          "40 is not allowed; allowed: auto or an integer 1-16"]
     assert by_flag == ["m.yaml: document 1 (x): backend_parameters[0] (line 4): --dspark-speculative-length: "
-                       "'40' is not allowed; allowed: an integer 1-16"]
+                       "'40' is not allowed; allowed: auto or an integer 1-16"]
 
 
 def test_an_exported_document_is_its_own_canonical_form():

@@ -38,10 +38,13 @@ class Draft:
     tokens: List[int] = field(default_factory=list)
     kinds: List[str] = field(default_factory=list)
     cut_by_threshold: bool = False
+    # Each token's own estimate (forced 1): the speculation budget's survival starts from it.
+    confidences: List[float] = field(default_factory=list)
 
-    def add(self, token: int, kind: str) -> None:
+    def add(self, token: int, kind: str, confidence: float = 1.0) -> None:
         self.tokens.append(token)
         self.kinds.append(kind)
+        self.confidences.append(confidence)
 
 
 Encode = Callable[[str], Sequence[int]]
@@ -95,7 +98,7 @@ def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy
             if not grammar.accept_token(token):
                 break
             confidence *= estimate
-            draft.add(token, STATISTICAL)
+            draft.add(token, STATISTICAL, estimate)
     finally:
         grammar.rollback(len(draft.tokens))
     return draft

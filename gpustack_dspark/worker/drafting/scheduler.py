@@ -11,13 +11,14 @@ These are vLLM internals (not a public interface): `check_vllm_internals` names 
 relies on and the class refuses to start when any of it is missing.
 """
 
+import dataclasses
 import functools
 import logging
 import os
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
-from gpustack_dspark.worker.drafting import draft_builder
+from gpustack_dspark.worker.drafting import budget_step, draft_builder
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
@@ -34,6 +35,8 @@ INTERNALS = (
     ("vllm.v1.core.sched.scheduler.Scheduler", "update_draft_token_ids"),
     ("vllm.v1.core.sched.scheduler.Scheduler", "update_from_output"),
     ("vllm.v1.core.sched.scheduler.Scheduler", "_free_request"),
+    ("vllm.v1.core.sched.scheduler.Scheduler", "schedule"),  # the speculation budget (budget_step.py)
+    ("vllm.v1.core.sched.output.SchedulerOutput", "total_num_scheduled_tokens"),
     ("vllm.v1.structured_output.StructuredOutputManager", "validate_tokens"),
     ("vllm.v1.structured_output.backend_xgrammar.XgrammarGrammar", "matcher"),
     ("vllm.v1.outputs.DraftTokenIds", "draft_token_ids"),
@@ -118,6 +121,7 @@ def layer_config(vllm_config) -> Dict[str, Any]:
     config.setdefault("mode", "forced+statistical")
     config.setdefault("base_method", spec.method if spec else None)
     config.setdefault("shared_history", 256)
+    config.setdefault("budget", False)  # the per-step speculation budget (--dspark-speculative-length auto)
     return config
 
 
@@ -142,6 +146,8 @@ class DraftingLayer:
         self.shared = SharedHistory(MAX_N, int(config["shared_history"]))
         self.histories: Dict[str, RequestHistory] = {}
         self.kinds: Dict[str, List[str]] = {}
+        self.confs: Dict[str, List[float]] = {}
+        self.budget = budget_step.BudgetGlue(int(config["length"])) if config["budget"] else None
         self.seen: Dict[str, bool] = {}
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
         self._texts: Dict[int, str] = {}
@@ -172,7 +178,8 @@ class DraftingLayer:
             logger.info("DSpark drafting off for request %s: it has no grammar (vLLM's %s drafts used as they are)",
                         request_id, self.base_method)
 
-    def draft_for(self, request, matcher, base_draft: Sequence[int]) -> draft_builder.Draft:
+    def draft_for(self, request, matcher, base_draft: Sequence[int],
+                  length: Optional[int] = None) -> draft_builder.Draft:
         history = self.histories.get(request.request_id)
         if history is None:
             history = self.histories[request.request_id] = RequestHistory(MAX_N)
@@ -184,24 +191,28 @@ class DraftingLayer:
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
         walker = XgrammarWalker(matcher, self.vocab_size)
-        draft = draft_builder.build_draft(walker, self.encode, next_token, self.policy, self.token_text)
+        policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
+        draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text)
         self.counters.drafts += 1
         self.counters.drafts_cut_by_threshold += int(draft.cut_by_threshold)
         # A draft-model base drafts from this very position: its tokens beat n-gram guesses
         # when the grammar forces nothing here.
         if (self.base_method == "draft_model" and base_draft
                 and (not draft.kinds or draft.kinds[0] != draft_builder.FORCED)):
-            return draft_builder.Draft(list(base_draft), ["base"] * len(base_draft))
+            return draft_builder.Draft(list(base_draft)[:policy.length], ["base"] * len(base_draft[:policy.length]))
         return draft
 
     def record_verified(self, request_id: str, num_scheduled: int, num_generated: int) -> None:
         kinds = self.kinds.pop(request_id, None)
+        confs = self.confs.pop(request_id, None) or []
         if num_generated > 0:
             self.counters.target_forward_passes += 1
             self.counters.output_tokens += num_generated
         if not kinds or not num_scheduled:
             return
         accepted = max(num_generated - 1, 0)
+        if self.budget is not None and num_generated > 0:
+            self.budget.budget.acceptance.observe(kinds, confs, num_scheduled, accepted)
         counters = self.counters
         for position, kind in enumerate(kinds[:num_scheduled]):
             _bump(counters, f"{kind}_proposed")
@@ -214,6 +225,7 @@ class DraftingLayer:
         rid = request.request_id
         self.histories.pop(rid, None)
         self.kinds.pop(rid, None)
+        self.confs.pop(rid, None)
         if self.seen.pop(rid, False):
             self.shared.add_output(list(request.output_token_ids))
 
@@ -237,9 +249,29 @@ def _scheduler_class():
             tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
             vocab_size = self.vllm_config.model_config.get_vocab_size()
             self.dspark = DraftingLayer(config, tokenizer, vocab_size)
-            logger.info("DSpark drafting layer on: mode=%s length=%d threshold=%s base=%s",
+            if self.dspark.budget is not None:
+                problems = budget_step.check_scheduler(self)
+                if problems:
+                    raise RuntimeError("DSpark speculation budget: this vLLM lacks what it relies on: "
+                                       + "; ".join(problems))
+            logger.info("DSpark drafting layer on: mode=%s length=%d threshold=%s base=%s budget=%s",
                         config["mode"], self.dspark.policy.length, self.dspark.policy.threshold,
-                        self.dspark.base_method)
+                        self.dspark.base_method, "auto" if self.dspark.budget else "fixed")
+
+        def schedule(self, *args, **kwargs):
+            glue = self.dspark.budget
+            if glue is None:
+                return super().schedule(*args, **kwargs)
+            try:
+                glue.before_schedule(self, self.dspark.confs, self.dspark.kinds)
+            except Exception:
+                # Drafts stay as built this step; the engine never stops for the budget.
+                self.dspark.counters.layer_errors += 1
+                if self.dspark.counters.layer_errors == 1:
+                    logger.exception("DSpark speculation budget failed; drafts kept as built for this step")
+            output = super().schedule(*args, **kwargs)
+            glue.after_schedule(output)
+            return output
 
         def _grammar_matcher(self, request):
             """The request's xgrammar matcher when its grammar is compiled and in force."""
@@ -257,6 +289,8 @@ def _scheduler_class():
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
             layer = self.dspark
+            # With the budget on: how far to build this step's drafts (0 while speculation is off).
+            build = layer.budget.build_length() if layer.budget is not None else None
             for req_id, base_draft in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
                 request = self.requests.get(req_id)
                 if request is None or request.is_finished():
@@ -266,13 +300,16 @@ def _scheduler_class():
                     continue
                 matcher = self._grammar_matcher(request)
                 layer.note_request(req_id, matcher is not None or request.use_structured_output)
-                if matcher is None:
+                if build is not None:
+                    base_draft = list(base_draft)[:build]
+                if matcher is None or build == 0:
                     validated = self.structured_output_manager.validate_tokens(request, base_draft)
                     request.spec_token_ids = validated
                     layer.kinds[req_id] = ["base"] * len(validated)
+                    layer.confs[req_id] = [1.0] * len(validated)
                     continue
                 try:
-                    draft = layer.draft_for(request, matcher, base_draft)
+                    draft = layer.draft_for(request, matcher, base_draft, build)
                 except Exception:
                     # The layer must never stop the engine: this step keeps vLLM's own draft.
                     layer.counters.layer_errors += 1
@@ -283,6 +320,9 @@ def _scheduler_class():
                 layer.counters.grammar_trimmed_tokens += len(draft.tokens) - len(validated)
                 request.spec_token_ids = validated
                 layer.kinds[req_id] = draft.kinds[: len(validated)]
+                layer.confs[req_id] = (draft.confidences or [1.0] * len(draft.tokens))[: len(validated)]
+            if layer.budget is not None:
+                layer.budget.after_drafts()
 
         def update_from_output(self, scheduler_output, model_runner_output):
             sampled = model_runner_output.sampled_token_ids
@@ -293,8 +333,13 @@ def _scheduler_class():
                 generated = len(sampled[position]) if (sampled and position is not None) else 0
                 self.dspark.record_verified(req_id, len(scheduled.get(req_id) or ()), generated)
             outputs = super().update_from_output(scheduler_output, model_runner_output)
+            glue = self.dspark.budget
+            if glue is not None:
+                glue.after_update()
+                glue.sync(self.dspark.counters)
             # Idle engines take no more steps: write the final figures now.
-            self.dspark.writer.maybe_write(self.dspark.counters, force=not self.running)
+            self.dspark.writer.maybe_write(self.dspark.counters, force=not self.running,
+                                           extra=glue.extra if glue is not None else None)
             return outputs
 
         def _free_request(self, request, *args, **kwargs):

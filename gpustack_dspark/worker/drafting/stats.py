@@ -10,9 +10,10 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
-from gpustack_dspark.drafting_metrics import METRICS
+from gpustack_dspark import bounded
+from gpustack_dspark.drafting_metrics import BUDGET_GAUGES, METRICS
 
 STATS_FILE_ENV = "DSPARK_DRAFTING_STATS_FILE"
 WRITE_INTERVAL_S = 0.5
@@ -39,6 +40,12 @@ class DraftingCounters:
     requests_without_grammar: int = 0
     target_forward_passes: int = 0  # request-steps that produced tokens
     output_tokens: int = 0
+    # The per-step speculation budget (--dspark-speculative-length auto; budget.py).
+    budget_steps: int = 0                    # steps it decided
+    budget_steps_off: int = 0                # of them, steps where it verified no draft token
+    budget_tokens_offered: int = 0           # draft tokens built
+    budget_tokens_kept: int = 0              # of them, kept for verification
+    budget_steps_capped_by_prefill: int = 0  # steps where waiting prefills limited the drafts
 
     def tokens_per_forward(self) -> Optional[float]:
         if not self.target_forward_passes:
@@ -64,7 +71,8 @@ class StatsWriter:
         self.path = path
         self._last = 0.0
 
-    def maybe_write(self, counters: DraftingCounters, force: bool = False) -> None:
+    def maybe_write(self, counters: DraftingCounters, force: bool = False,
+                    extra: Optional[Callable[[], Dict[str, Any]]] = None) -> None:
         if not self.path:
             return
         now = time.monotonic()
@@ -74,7 +82,7 @@ class StatsWriter:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as f:
-                json.dump(asdict(counters), f)
+                json.dump({**(extra() if extra else {}), **asdict(counters)}, f)
             os.replace(tmp, self.path)
         except OSError:
             pass  # metrics must never break decoding
@@ -84,21 +92,67 @@ def read_counters(path: Optional[str] = None) -> Optional[DraftingCounters]:
     path = path or os.environ.get(STATS_FILE_ENV)
     if not path:
         return None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
+    raw = _read(path)
+    if raw is None:
         return None
     known = {f.name for f in fields(DraftingCounters)}
-    return DraftingCounters(**{k: int(v) for k, v in raw.items() if k in known})
+    try:
+        return DraftingCounters(**{k: int(v) for k, v in raw.items() if k in known})
+    except (TypeError, ValueError):
+        return None
 
 
-def metric_families(counters: DraftingCounters, model: str) -> Iterable[Any]:
+def _read(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        raw = bounded.read_json(path, bounded.SERVER_CONFIG)
+    except (OSError, bounded.BoundedError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def read_budget(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The speculation budget's snapshot (budget.SpeculationBudget.snapshot), None when off."""
+    path = path or os.environ.get(STATS_FILE_ENV)
+    raw = _read(path) if path else None
+    budget = raw.get("budget") if raw else None
+    return budget if isinstance(budget, dict) else None
+
+
+def metric_families(counters: DraftingCounters, model: str,
+                    budget: Optional[Dict[str, Any]] = None) -> Iterable[Any]:
     """prometheus_client metric families, added to the replica's /metrics by worker/metrics.py."""
-    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     for name, help_text, attr in METRICS:
         family = CounterMetricFamily(name[: -len("_total")], help_text, labels=["model_name"])
         family.add_metric([model], getattr(counters, attr))
         yield family
+    if budget is None:
+        return
+    for name, help_text, value in _budget_gauges(budget):
+        family = GaugeMetricFamily(name, help_text, labels=["model_name"])
+        family.add_metric([model], value)
+        yield family
+    name, help_text = BUDGET_GAUGES["position"]
+    family = GaugeMetricFamily(name, help_text, labels=["model_name", "kind", "position"])
+    for kind, rates in sorted((budget.get("acceptance_per_position") or {}).items()):
+        for position, rate in enumerate(rates or []):
+            if isinstance(rate, (int, float)):
+                family.add_metric([model, str(kind), str(position + 1)], float(rate))
+    yield family
+
+
+def _budget_gauges(budget: Dict[str, Any]):
+    model = budget.get("time_model") or {}
+    values = {
+        "draft_tokens": budget.get("last_step_draft_tokens"),
+        "speculating": None if budget.get("speculating") is None else float(bool(budget["speculating"])),
+        "step_fixed": model.get("a_ms") / 1e3 if isinstance(model.get("a_ms"), (int, float)) else None,
+        "step_per_token": (model.get("b_ms_per_token") / 1e3
+                           if isinstance(model.get("b_ms_per_token"), (int, float)) else None),
+    }
+    for key, value in values.items():
+        if isinstance(value, (int, float)):
+            name, help_text = BUDGET_GAUGES[key]
+            yield name, help_text, float(value)
 
