@@ -352,7 +352,9 @@ class _Checker:
             try:
                 schema = bounded.read_json(file, bounded.SCHEMA)
             except bounded.BoundedError as e:
-                self.fail(spath, f"the schema file {str(file)!r}: {e}")
+                unreadable = e.problem.startswith("cannot read the file: ")
+                self.fail(spath, f"cannot read the schema file {str(file)!r}: {e.problem[22:]}" if unreadable
+                          else f"the schema file {str(file)!r}: {e}")
                 return
             if not isinstance(schema, dict):
                 self.fail(spath, f"{str(file)!r} holds a {type(schema).__name__}; a JSON Schema is an object")
