@@ -139,11 +139,15 @@ def test_a_watch_expiry_relists(stack, kube):
     lists_before = _sync(server, api)["watch"]["lists"]
     # The history is compacted and the open watch ends: the change below reaches the sync only
     # through a relist after the resumed watch's 410 (an ERROR event in the stream).
+    # Expire while a watch is open (not between a relist and the next watch, where the next
+    # watch would start from the fresh resourceVersion and never see a 410).
+    wait_for(lambda: kube.watchers() >= 1, 30, "an open watch")
     kube.expire()
     kube.set_node(NODE, PLAIN)
     wait_for(lambda: _not_member(api, workers[NODE]), 30, f"{NODE} out of the pool after the 410")
     assert [r for r in kube.requests if r.get("gone") == "event"]
     # The same with the 410 as the HTTP status of the watch request; then the node is deleted.
+    wait_for(lambda: kube.watchers() >= 1, 30, "an open watch")
     kube.expire(gone_as_http=True)
     kube.set_node(NODE, POOL)
     wait_for(lambda: _pool_member(api, workers[NODE]), 30, f"{NODE} back in the pool after the HTTP 410")

@@ -59,10 +59,13 @@ def files(tmp_path_factory):
     return paths
 
 
-CLI = ("import resource, sys\n"
+# The child's own peak (VmHWM of its address space): ru_maxrss would carry over the parent's
+# high-water mark across fork and exec (the whole test session's memory).
+CLI = ("import sys\n"
        "from gpustack_dspark.cli.main import main\n"
        "rc = main(sys.argv[1:])\n"
-       "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+       "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+       "print('PEAK_KB', hwm, file=sys.stderr)\n"
        "sys.exit(rc)\n")
 
 
