@@ -25,9 +25,9 @@ import yaml
 
 MiB = 1024 * 1024
 
-# name -> (max bytes, max nesting depth, max nodes after alias expansion)
 @dataclass(frozen=True)
 class Limits:
+    """Bounds for one kind of text: bytes, nesting depth, values after alias expansion."""
     max_bytes: int
     max_depth: int = 64
     max_nodes: int = 200_000
@@ -58,7 +58,7 @@ def read_text(path: Union[str, Path], limits: Limits) -> str:
     except OSError as e:
         raise BoundedError(f"cannot read the file: {e.strerror or e}") from None
     if len(data) > limits.max_bytes:
-        raise BoundedError(f"larger than {_size(limits.max_bytes)}; allowed: at most {_size(limits.max_bytes)}")
+        raise _too_large(limits)
     return decode(data)
 
 
@@ -69,6 +69,11 @@ def decode(data: bytes) -> str:
         line = data.count(b"\n", 0, e.start) + 1
         raise BoundedError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}; "
                            "allowed: UTF-8", line) from None
+
+
+def _too_large(limits: Limits) -> BoundedError:
+    size = _size(limits.max_bytes)
+    return BoundedError(f"larger than {size}; allowed: at most {size}")
 
 
 def _size(n: int) -> str:
@@ -85,7 +90,7 @@ def check_yaml(text: str, limits: Limits) -> None:
     nodes through aliases, or has a recursive alias; YAML syntax errors pass through as
     yaml.YAMLError."""
     if len(text) > limits.max_bytes:
-        raise BoundedError(f"larger than {_size(limits.max_bytes)}; allowed: at most {_size(limits.max_bytes)}")
+        raise _too_large(limits)
     # Per open collection: [anchor, expanded node count, subtree height]
     stack: List[list] = []
     anchors = {}  # anchor -> (expanded node count, height)
@@ -188,10 +193,10 @@ def loads_json(text: Union[str, bytes], limits: Limits) -> Any:
     """json.loads with the size and depth bounds; BoundedError for every problem."""
     if isinstance(text, bytes):
         if len(text) > limits.max_bytes:
-            raise BoundedError(f"larger than {_size(limits.max_bytes)}; allowed: at most {_size(limits.max_bytes)}")
+            raise _too_large(limits)
         text = decode(text)
     if len(text) > limits.max_bytes:
-        raise BoundedError(f"larger than {_size(limits.max_bytes)}; allowed: at most {_size(limits.max_bytes)}")
+        raise _too_large(limits)
     depth = json_depth(text)
     if depth > limits.max_depth:
         raise BoundedError(f"nested {depth} levels deep; allowed: at most {limits.max_depth}")

@@ -10,7 +10,7 @@ committed (GPUStack 2.3 does not replace instances on a spec edit).
 """
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Optional
 
 CONFIG_EXIT_CODE = 2
@@ -76,6 +76,5 @@ def changed_since(failed_at: Optional[datetime], model_updated_at: Optional[date
 
 def _naive_utc(moment: datetime) -> datetime:
     if moment.tzinfo is not None:
-        from datetime import timezone
         moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
     return moment
