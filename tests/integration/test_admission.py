@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from gpustack_dspark import backend_ids
-from gpustack_dspark.knobs import KNOBS_BY_FLAG
 from gpustack_dspark.worker.serve import main as dspark_serve
 from tests.conftest import admin_api, dspark_status, wait_backend_registered
 

@@ -17,10 +17,9 @@ import pytest
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.processes import venv_bin
 from gpustack_dspark.devstack.replica import DRAFT_MODEL, SERVED_NAME, start_replica
-from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
 from gpustack_dspark.devstack.stand_in_replica import BROKEN_JSON, StandInReplica
 from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import join_listening_cpu_worker
+from tests.integration.test_routing import models_on_real_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -77,27 +76,9 @@ def stack(start_server, tmp_path_factory):
     broken.reply_content = BROKEN_JSON
     server = start_server()
     api = admin_api(server)
-    keeper = worker = None
-    try:
-        worker, row = join_listening_cpu_worker(server, api, "observe-w1", base / "w1")
-        replica.wait_ready(420)
-        models = [create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                        row["cluster_id"], row, [replica.port], base / "model"),
-                  create_stand_in_model(api, BROKEN_MODEL, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                        row["cluster_id"], row, [broken.port], base / "broken")]
-        keeper = RunningStateKeeper(admin_api(server), row).start()
-        for model in models:
-            keeper.watch(model["id"])
-        wait_routable(server.url, api.api_key, SERVED_NAME, 180)
-        wait_routable(server.url, api.api_key, BROKEN_MODEL, 60)
+    with models_on_real_replicas(server, api, "observe-w1", base, [replica],
+                                 {SERVED_NAME: ([replica.port], 180), BROKEN_MODEL: ([broken.port], 60)}) as (worker, _, _):
         yield Stack(server, api, worker, replica, broken)
-    finally:
-        if keeper:
-            keeper.stop()
-        if worker:
-            worker.stop()
-        api.close()
-        replica.stop()
         broken.stop()
 
 

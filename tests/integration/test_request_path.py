@@ -21,12 +21,10 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from gpustack_dspark import backend
 from gpustack_dspark.devstack.postgres import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
-from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
 from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import join_listening_cpu_worker
+from tests.integration.test_routing import models_on_real_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -60,28 +58,9 @@ def stack(start_server, tmp_path_factory):
     replicas = [open_replica, keyed]
     server = start_server()
     api = admin_api(server)
-    keeper = worker = None
-    try:
-        worker, row = join_listening_cpu_worker(server, api, "request-path-w1", base / "w1")
-        for replica in replicas:
-            replica.wait_ready(420)
-        model = create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                      row["cluster_id"], row, [open_replica.port], base / "model")
-        dead = create_stand_in_model(api, DEAD_MODEL, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                     row["cluster_id"], row, [free_port()], base / "dead")
-        keeper = RunningStateKeeper(admin_api(server), row).start()
-        keeper.watch(model["id"])
-        keeper.watch(dead["id"])
-        wait_routable(server.url, api.api_key, SERVED_NAME, 180)
+    with models_on_real_replicas(server, api, "request-path-w1", base, replicas,
+                                 {SERVED_NAME: ([open_replica.port], 180), DEAD_MODEL: ([free_port()], None)}):
         yield server, api, open_replica, keyed
-    finally:
-        if keeper:
-            keeper.stop()
-        if worker:
-            worker.stop()
-        api.close()
-        for replica in replicas:
-            replica.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ no container runtime or GPU exists here, so GPUStack cannot start real replicas 
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -98,6 +99,37 @@ def join_listening_cpu_worker(server, api, name, folder):
         worker.stop()
         raise
     return worker, row
+
+
+@contextmanager
+def models_on_real_replicas(server, api, worker_name, base, replicas, models):
+    """Real `dspark-serve` replicas behind GPUStack: a listening CPU worker, the `replicas`
+    ready, one stand-in model per entry of `models` ({name: (ports, seconds to wait until it
+    answers through /v1, or None: not waited for)}), kept RUNNING by a keeper. Yields (worker, its row, {name: model}).
+    Stops the keeper, the worker, the API client and the replicas at the end."""
+    keeper = worker = None
+    try:
+        worker, row = join_listening_cpu_worker(server, api, worker_name, base / "w1")
+        for replica in replicas:
+            replica.wait_ready(420)
+        created = {name: create_stand_in_model(api, name, backend.BACKEND_NAME, backend.CPU_VERSION,
+                                               row["cluster_id"], row, list(ports), base / f"model-{i}")
+                   for i, (name, (ports, _)) in enumerate(models.items())}
+        keeper = RunningStateKeeper(admin_api(server), row).start()
+        for model in created.values():
+            keeper.watch(model["id"])
+        for name, (_, timeout_s) in models.items():
+            if timeout_s is not None:
+                wait_routable(server.url, api.api_key, name, timeout_s)
+        yield worker, row, created
+    finally:
+        if keeper:
+            keeper.stop()
+        if worker:
+            worker.stop()
+        api.close()
+        for replica in replicas:
+            replica.stop()
 
 
 def _listening(port):

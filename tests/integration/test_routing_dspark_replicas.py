@@ -9,11 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from gpustack_dspark import backend
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
-from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
 from tests.conftest import admin_api, dspark_status
-from tests.integration.test_routing import join_listening_cpu_worker
+from tests.integration.test_routing import models_on_real_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -25,26 +23,10 @@ def stack(start_server, tmp_path_factory):
                 for i in range(2)]
     server = start_server()
     api = admin_api(server)
-    keeper = worker = None
-    try:
-        worker, row = join_listening_cpu_worker(server, api, "route-real-w1", base / "w1")
-        for replica in replicas:
-            replica.wait_ready(420)
-        # The GPUStack model's name is what the replicas serve (--served-model-name).
-        model = create_stand_in_model(api, SERVED_NAME, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                      row["cluster_id"], row, [r.port for r in replicas], base / "model")
-        keeper = RunningStateKeeper(admin_api(server), row).start()
-        keeper.watch(model["id"])
-        wait_routable(server.url, api.api_key, SERVED_NAME, 180)
+    # The GPUStack model's name is what the replicas serve (--served-model-name).
+    with models_on_real_replicas(server, api, "route-real-w1", base, replicas,
+                                 {SERVED_NAME: ([r.port for r in replicas], 180)}):
         yield server, api, replicas
-    finally:
-        if keeper:
-            keeper.stop()
-        if worker:
-            worker.stop()
-        api.close()
-        for replica in replicas:
-            replica.stop()
 
 
 def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stack):
