@@ -37,6 +37,12 @@ GPU_ONLY_METHODS = ("dspark", "mtp", "eagle3")
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 # Bounded whitespace: xgrammar otherwise lets a model emit runaway whitespace until max_tokens.
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+# With the drafting layer on, vLLM's frontend picks the engine per request ("auto": xgrammar
+# where it supports the schema, llguidance otherwise) and the layer's manager honours that
+# choice inside the one engine (worker/drafting/engines.py). vLLM allows disable_any_whitespace
+# only with one named backend, so there the layer sets it on both engines itself.
+GRAMMAR_ENGINES = ("xgrammar", "llguidance")
+STRUCTURED_OUTPUTS_DUAL = {"backend": "auto"}
 
 
 # vLLM's tool-call parser per model family (config.json model_type), with the token the parser
@@ -81,6 +87,8 @@ class LaunchPlan:
     warnings: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()
     tool_calls: Dict[str, Any] = field(default_factory=dict)
+    # The structured-output engines this replica serves requests with, first = default.
+    grammar_engines: Tuple[str, ...] = ()
 
     @property
     def drafting_layer_on(self) -> bool:
@@ -380,10 +388,13 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
     spec = speculative_config(method, length, knobs)
     argv = list(base[:-2]) + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
+    grammar_engines: Tuple[str, ...] = ()
     if knobs.grammar_mode == "json":
         given = _flag_value(passthrough, "--structured-outputs-config")
         if given is None:
-            argv += ["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS, separators=(",", ":"))]
+            grammar_engines = GRAMMAR_ENGINES if layer_mode else GRAMMAR_ENGINES[:1]
+            config_value = STRUCTURED_OUTPUTS_DUAL if layer_mode else STRUCTURED_OUTPUTS
+            argv += ["--structured-outputs-config", json.dumps(config_value, separators=(",", ":"))]
         elif "lm-format-enforcer" in given:
             raise KnobError("--structured-outputs-config", given, "xgrammar|guidance|outlines|auto backends",
                             "lm-format-enforcer does not support speculative tokens")
@@ -400,7 +411,8 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
     if layer_mode:
         # The user's own --additional-config is merged into ours (one flag, vLLM keeps one).
         argv = _without_flag(argv, "--additional-config") + drafting_args(layer_mode, threshold["value"], length,
-                                                                            passthrough, budget=budget)
+                                                                            passthrough, budget=budget,
+                                                                            engines=grammar_engines)
     if not _has_flag(passthrough, "--per-request-spec-decode-metrics"):
         argv += ["--per-request-spec-decode-metrics", "summary"]
     argv += ["--middleware", MIDDLEWARE]
@@ -413,7 +425,7 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
         speculative_config=spec, grammar_mode=knobs.grammar_mode, threshold=threshold,
         drafting={"mode": layer_mode or "off", "reason": layer_reason,
                   **({"budget": True, "max_length": length} if budget and layer_mode else {})},
-        warnings=tuple(warnings), notes=tuple(notes), tool_calls=tool_calls,
+        warnings=tuple(warnings), notes=tuple(notes), tool_calls=tool_calls, grammar_engines=grammar_engines,
     )
 
 
@@ -450,7 +462,7 @@ def auto_length_problem(method: str, layer_mode: Optional[str], layer_reason: st
 
 
 def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str],
-                  budget: bool = False) -> List[str]:
+                  budget: bool = False, engines: Sequence[str] = ()) -> List[str]:
     """The vLLM arguments that load the layer: our scheduler class, synchronous scheduling (the
     only path where drafts pass the scheduler), and the layer's settings in additional_config."""
     given = _flag_value(passthrough, "--additional-config")
@@ -463,7 +475,9 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
     extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length,
-                                  **({"budget": True} if budget else {})}
+                                  **({"budget": True} if budget else {}),
+                                  # both engines in the one manager, with compact whitespace
+                                  **({"engines": list(engines)} if len(engines) > 1 else {})}
     return ["--scheduler-cls", DRAFTING_SCHEDULER, "--no-async-scheduling",
             "--additional-config", json.dumps(extra, separators=(",", ":"))]
 

@@ -162,22 +162,25 @@ class DSparkMiddleware:
                     f"{', '.join(sorted(legacy))} is not supported by this server; use structured_outputs "
                     "or response_format", param=legacy[0]))
 
+        plan = None
         if schema is not None and schema is not state.default_schema:
-            grammar_schema, dropped = schema, []
-            if not body.get("stream") and os.environ.get(RELAX_ENV, "1") != "0":
-                # streams are not reply-checked, so they get only what the grammar enforces
-                grammar_schema, dropped = schema_check.relax_for_xgrammar(schema)
-            problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, grammar_schema)
-            if not problem and dropped:
-                # The grammar enforces the rest; the reply check below still validates against `schema`.
-                body = json_default.with_schema(body, grammar_schema)
-                state.count("relaxed")
-                logger.info("schema relaxed for the grammar engine (reply still checked): dropped %s",
-                            ", ".join(dropped[:5]))
-            if problem:
+            engines = state.plan.grammar_engines or ("xgrammar",)
+            relax = os.environ.get(RELAX_ENV, "1") != "0"
+            plan = await asyncio.get_running_loop().run_in_executor(
+                None, schema_check.plan_engine, schema, engines, bool(body.get("stream")), relax)
+            if plan.problem:
                 state.count("rejected")
-                return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {problem}",
+                return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {plan.problem}",
                                                                 param="response_format"))
+            if plan.grammar_schema is not schema:
+                body = json_default.with_schema(body, plan.grammar_schema)
+            if plan.engine == "llguidance":
+                state.count("engine_llguidance")
+            if plan.dropped:
+                # The grammar enforces the rest; the reply check below still validates against `schema`.
+                state.count("relaxed")
+                logger.info("schema served by %s without enforcing (reply still checked): %s",
+                            plan.engine, ", ".join(plan.dropped[:5]))
 
         for where, tool_schema in grammar_tool_schemas(body):
             problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, tool_schema)
@@ -191,38 +194,49 @@ class DSparkMiddleware:
         new_raw = json.dumps(body).encode()
         if body.get("stream"):
             return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
-        return await self._finished(state, schema, _with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+        start, reply = await self._buffered(_with_length(scope, len(new_raw)), _replay(new_raw, receive))
+        violation = schema_violation(start, reply, schema)
+        if plan is None and schema is state.default_schema and schema is not None:
+            plan = schema_check.EnginePlan("xgrammar", schema)
+        if violation and plan is not None:
+            # One more attempt with the other engine (greedy decoding would repeat the same reply).
+            other = await asyncio.get_running_loop().run_in_executor(
+                None, schema_check.second_plan, schema, plan, state.plan.grammar_engines or ("xgrammar",))
+            if other is not None:
+                state.count("second_attempts")
+                logger.warning("reply failed the schema check (%s); second attempt with %s", violation, other.engine)
+                retry_raw = json.dumps(json_default.with_schema(body, other.grammar_schema)).encode()
+                start2, reply2 = await self._buffered(_with_length(scope, len(retry_raw)), _replay(retry_raw, receive))
+                if start2.get("status") == 200:
+                    violation2 = schema_violation(start2, reply2, schema)
+                    if not violation2:
+                        state.count("second_attempt_served")
+                        start, reply, violation = start2, reply2, None
+        if violation:
+            state.count("schema_violations")
+            logger.error("reply withheld: %s", violation)
+            return await _send_json(send, 500, {"error": {
+                "message": f"the reply does not validate against the requested schema ({violation}); "
+                           "it was not delivered", "type": "SchemaViolationError", "param": None, "code": 500}})
+        await send(start)
+        await send({"type": "http.response.body", "body": reply})
 
-    async def _finished(self, state: worker_state.WorkerState, schema: Optional[Any], scope: Scope,
-                        receive: Receive, send: Send) -> None:
-        """Buffer a non-streamed JSON response: add usage.dspark_stats, and never deliver a reply
-        that breaks the requested schema (the grammar engine does not enforce every keyword
-        exactly; e.g. xgrammar 0.2.8 mis-converts some string patterns)."""
+    async def _buffered(self, scope: Scope, receive: Receive) -> Tuple[Dict[str, Any], bytes]:
+        """Run a non-streamed request through vLLM and keep its whole answer: (start, body with
+        usage.dspark_stats added). The grammar engine does not enforce every keyword exactly
+        (e.g. xgrammar 0.2.8 mis-converts some string patterns), so the reply is checked before
+        anything is sent."""
         start: Dict[str, Any] = {}
         chunks: List[bytes] = []
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
                 start.update(message)
-                return
-            if message["type"] == "http.response.body":
+            elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
-                if message.get("more_body"):
-                    return
-                body = _add_stats(start, b"".join(chunks))  # also fixes content-length in start
-                violation = schema_violation(start, body, schema)
-                if violation:
-                    state.count("schema_violations")
-                    logger.error("reply withheld: %s", violation)
-                    return await _send_json(send, 500, {"error": {
-                        "message": f"the reply does not validate against the requested schema ({violation}); "
-                                   "it was not delivered", "type": "SchemaViolationError", "param": None, "code": 500}})
-                await send(start)
-                await send({"type": "http.response.body", "body": body})
-                return
-            await send(message)
 
         await self.app(scope, receive, capture)
+        return start, _add_stats(start, b"".join(chunks))  # also fixes content-length in start
 
 
 def grammar_tool_schemas(body: Dict[str, Any]):

@@ -1,7 +1,10 @@
-"""Is a JSON Schema usable? Checked with the real tools: jsonschema's meta-schema and the
-xgrammar compiler vLLM uses, in bounded time, with the verdict cached per schema.
+"""Is a JSON Schema usable, and by which grammar engine? Checked with the real tools:
+jsonschema's meta-schema, the xgrammar compiler and llguidance (the two engines vLLM uses), in
+bounded time, with the verdicts cached per schema.
 
-A schema xgrammar cannot compile must get a clear 400, never unconstrained output.
+A schema no engine can compile must get a clear 400, never unconstrained output.
+`plan_engine` picks the engine for a request and `second_plan` the other one for a second
+attempt after a withheld reply (rules in docs/worker.md, "Grammar engines").
 """
 
 import concurrent.futures
@@ -10,7 +13,8 @@ import hashlib
 import json
 import re
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
@@ -26,28 +30,55 @@ _lock = threading.Lock()
 # vocabulary (vLLM answers those with a 500), so the check compiles like vLLM does.
 _tokenizer_source: Dict[str, Any] = {}
 _compiler: Any = None
+_hf_tokenizer: Any = None
+_ll_tokenizer: Any = None
+_ll_verdicts: Dict[str, Optional[str]] = {}
+ENGINE_MARK = "x-dspark-engine"  # read (and removed) by worker/drafting/engines.py in the engine
+LENIENT = {"lenient": True}  # llguidance: compile keywords it cannot enforce instead of refusing
 
 
 def use_model_tokenizer(model_path: str, vocab_size: Optional[int]) -> None:
-    """Compile schemas against this model's vocabulary (as vLLM's xgrammar backend does)."""
-    global _compiler
+    """Compile schemas against this model's vocabulary (as vLLM's backends do)."""
+    global _compiler, _hf_tokenizer, _ll_tokenizer
     _tokenizer_source.update(path=model_path, vocab_size=vocab_size)
-    _compiler = None
+    _compiler = _hf_tokenizer = _ll_tokenizer = None
+
+
+def _tokenizer():
+    global _hf_tokenizer
+    if _hf_tokenizer is None and _tokenizer_source.get("path"):
+        try:
+            from transformers import AutoTokenizer
+
+            _hf_tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source["path"])
+        except Exception:  # no tokenizer in the folder: the grammar parse is the best check left
+            _tokenizer_source.clear()
+    return _hf_tokenizer
 
 
 def _grammar_compiler():
     global _compiler
-    if _compiler is None and _tokenizer_source.get("path"):
+    if _compiler is None and _tokenizer() is not None:
         try:
             import xgrammar
-            from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source["path"])
-            info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=_tokenizer_source.get("vocab_size"))
+            info = xgrammar.TokenizerInfo.from_huggingface(_tokenizer(), vocab_size=_tokenizer_source.get("vocab_size"))
             _compiler = xgrammar.GrammarCompiler(info, max_threads=1)
-        except Exception:  # no tokenizer in the folder: the grammar parse is the best check left
+        except Exception:
             _tokenizer_source.clear()
     return _compiler
+
+
+def _llguidance_tokenizer():
+    """llguidance's view of the model's tokenizer, built as vLLM's guidance backend builds it."""
+    global _ll_tokenizer
+    if _ll_tokenizer is None and _tokenizer() is not None:
+        import llguidance.hf
+
+        tokenizer = _tokenizer()
+        _ll_tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer, max(_tokenizer_source.get("vocab_size") or 0, len(tokenizer)))
+    return _ll_tokenizer
 
 
 def load_schema_knob(source: str) -> Dict[str, Any]:
@@ -102,6 +133,17 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
     with _lock:
         _verdicts[key] = verdict
     return verdict
+
+
+def structural_problem(schema: Any) -> Optional[str]:
+    """What makes `schema` unusable by any engine (not JSON Schema, over the limits), or None."""
+    if not isinstance(schema, (dict, bool)):
+        return "a JSON Schema must be an object"
+    try:
+        request_limits.check_schema(schema)
+    except request_limits.LimitExceeded as e:
+        return str(e)
+    return _meta_schema_problem(schema)
 
 
 def _meta_schema_problem(schema: Any) -> Optional[str]:
@@ -287,3 +329,124 @@ def _relax_node(node: Dict[str, Any], where: str, dropped: List[str]) -> bool:
                     node.setdefault(key, value)
         changed = True
     return changed
+
+
+# --- llguidance, and which engine serves a request -------------------------------------------
+
+def _llguidance_problem_now(text: str) -> Optional[str]:
+    try:
+        import llguidance
+    except ImportError:
+        return "llguidance is not installed"
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+        tokenizer = _llguidance_tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if not error and tokenizer is not None:
+            matcher = llguidance.LLMatcher(tokenizer, grammar)
+            error = matcher.get_error() if matcher.is_error() else ""
+    except Exception as e:
+        error = str(e) or type(e).__name__
+    if not error:
+        return None
+    first = error.strip().splitlines()[0] if error.strip() else "error"
+    return f"the grammar engine (llguidance) cannot compile this schema: {first[:300]}"
+
+
+def llguidance_problem(schema: Any, lenient: bool = False, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[str]:
+    """None if llguidance compiles the schema (lenient: ignoring keywords it cannot enforce)."""
+    if lenient and isinstance(schema, dict):
+        schema = {**schema, "x-guidance": LENIENT}
+    text = json.dumps(schema, sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with _lock:
+        if key in _ll_verdicts:
+            return _ll_verdicts[key]
+    _pool.submit(_llguidance_tokenizer).result()
+    future = _pool.submit(_llguidance_problem_now, text)
+    try:
+        verdict = future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return f"the grammar engine (llguidance) did not compile the schema within {timeout_s:g} s"
+    with _lock:
+        _ll_verdicts[key] = verdict
+    return verdict
+
+
+def _has_pattern_properties(schema: Any) -> bool:
+    # vLLM's frontend sends such schemas to outlines, not llguidance
+    # (has_guidance_unsupported_json_features), so llguidance cannot be chosen for them.
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "patternProperties" in node:
+                return True
+            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+@dataclass
+class EnginePlan:
+    """How one request's schema is served: `grammar_schema` goes to vLLM (the reply check
+    always uses the original), `engine` is who compiles it, `dropped` what the grammar does not
+    enforce (relaxed keywords; "lenient" for llguidance's lenient mode), `problem` a 400."""
+    engine: str = "xgrammar"
+    grammar_schema: Any = None
+    dropped: List[str] = field(default_factory=list)
+    problem: Optional[str] = None
+
+    @property
+    def exact(self) -> bool:
+        return not self.dropped
+
+
+def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional[EnginePlan]:
+    if not isinstance(schema, dict) or _has_pattern_properties(schema):
+        return None
+    mark = {ENGINE_MARK: "llguidance"} if marked else {}
+    if llguidance_problem(schema) is None:
+        return EnginePlan("llguidance", {**schema, **mark}, [])
+    if allow_lenient and llguidance_problem(schema, lenient=True) is None:
+        return EnginePlan("llguidance", {**schema, "x-guidance": LENIENT, **mark}, ["lenient"])
+    return None
+
+
+def plan_engine(schema: Any, engines: Sequence[str], stream: bool, relax: bool = True) -> EnginePlan:
+    """The first attempt. xgrammar when it supports and compiles the schema exactly; else
+    llguidance when it compiles it exactly; else (non-streamed only: a reply the grammar let
+    through is checked before delivery) llguidance lenient, then xgrammar relaxed; else a 400
+    naming the first engine's reason. Streams get only exactly enforced grammars."""
+    dual = "llguidance" in engines
+    problem = check_schema(schema)
+    if problem is None:
+        return EnginePlan("xgrammar", schema, [])
+    if structural_problem(schema):  # no engine helps
+        return EnginePlan(problem=problem)
+    unsupported = xgrammar_unsupported(schema)
+    if dual:
+        # xgrammar refused it (vLLM's frontend then picks llguidance itself) or cannot compile
+        # it (the annotation makes the engine use llguidance).
+        plan = _llguidance_plan(schema, marked=unsupported is None, allow_lenient=not stream and relax)
+        if plan is not None:
+            return plan
+    if not stream and relax and unsupported is not None:
+        relaxed, dropped = relax_for_xgrammar(schema)
+        if dropped and check_schema(relaxed) is None:
+            return EnginePlan("xgrammar", relaxed, dropped)
+    return EnginePlan(problem=problem)
+
+
+def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optional[EnginePlan]:
+    """The other engine for one more attempt after the first reply failed the check, or None."""
+    if first.engine == "xgrammar" and "llguidance" in engines:
+        return _llguidance_plan(schema, marked=True, allow_lenient=True)
+    if first.engine == "llguidance":
+        if check_schema(schema) is None:
+            return EnginePlan("xgrammar", schema, [])
+        relaxed, dropped = relax_for_xgrammar(schema)
+        if dropped and check_schema(relaxed) is None:
+            return EnginePlan("xgrammar", relaxed, dropped)
+    return None

@@ -233,3 +233,94 @@ def test_schema_bench_classifies_each_answer():
     assert classify(schema, 500, {"error": {"type": "SchemaViolationError", "message": "withheld"}})[0] == "withheld"
     assert classify(schema, 400, {"error": {"message": "not usable: x"}}) == ("refused", "400 not usable: x")
     assert classify(schema, 503, {"error": {"message": "An unexpected error occurred"}})[0] == "refused"
+
+
+# ---- two grammar engines: which one serves a request, and the second attempt ----------------
+
+DUAL = ("xgrammar", "llguidance")
+
+
+def _verdicts(monkeypatch, xgrammar=None, llguidance=None, lenient=None):
+    """Stand in for the two compilers' verdicts (the real ones run in the worker's venv and are
+    exercised by tests/integration/test_request_path.py)."""
+    from gpustack_dspark.worker import schema_check
+
+    def check(schema, timeout_s=10):
+        return schema_check.structural_problem(schema) or (
+            schema_check.xgrammar_unsupported(schema) or xgrammar(schema) if xgrammar else
+            schema_check.xgrammar_unsupported(schema))
+
+    monkeypatch.setattr(schema_check, "check_schema", check)
+    monkeypatch.setattr(schema_check, "llguidance_problem",
+                        lambda schema, lenient_=False, timeout_s=10, **kw: (
+                            (lenient(schema) if lenient else None) if (kw.get("lenient") or lenient_)
+                            else (llguidance(schema) if llguidance else None)))
+    return schema_check
+
+
+def test_xgrammar_first_llguidance_where_xgrammar_refuses(monkeypatch):
+    sc = _verdicts(monkeypatch)
+    order = {"type": "object", "properties": {"a": {"type": "string"}}}
+    plan = sc.plan_engine(order, DUAL, stream=False)
+    assert (plan.engine, plan.grammar_schema, plan.dropped, plan.problem) == ("xgrammar", order, [], None)
+    multiple = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
+    for stream in (False, True):  # enforced exactly by llguidance: streams too; vLLM's frontend picks it
+        plan = sc.plan_engine(multiple, DUAL, stream=stream)
+        assert (plan.engine, plan.grammar_schema, plan.exact) == ("llguidance", multiple, True)
+    # One engine only (the drafting layer off): relaxed for non-streamed, a 400 for streams.
+    plan = sc.plan_engine(multiple, ("xgrammar",), stream=False)
+    assert plan.engine == "xgrammar" and plan.dropped == ["multipleOf at /properties/n"]
+    assert "multipleOf on a number" in sc.plan_engine(multiple, ("xgrammar",), stream=True).problem
+
+
+def test_lenient_llguidance_only_where_the_reply_is_checked(monkeypatch):
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    sc = _verdicts(monkeypatch, llguidance=lambda s: "Unimplemented keys: uniqueItems")
+    plan = sc.plan_engine(unique, DUAL, stream=False)
+    assert plan.engine == "llguidance" and plan.dropped == ["lenient"]
+    assert plan.grammar_schema == {**unique, "x-guidance": {"lenient": True}} and "uniqueItems" in unique
+    assert "uniqueItems on an array" in sc.plan_engine(unique, DUAL, stream=True).problem
+    # Neither way in llguidance: xgrammar relaxed; patternProperties never goes to llguidance
+    # (vLLM's frontend would send it to outlines).
+    sc = _verdicts(monkeypatch, llguidance=lambda s: "no", lenient=lambda s: "no")
+    assert sc.plan_engine(unique, DUAL, stream=False).dropped == ["uniqueItems at (root)"]
+    pattern = {"type": "object", "properties": {"a": {"type": "string"}},
+               "patternProperties": {"^x": {"type": "integer"}}}
+    sc = _verdicts(monkeypatch)
+    plan = sc.plan_engine(pattern, DUAL, stream=False)
+    assert plan.engine == "xgrammar" and plan.dropped == ["patternProperties at (root)"]
+
+
+def test_a_schema_xgrammar_cannot_compile_is_marked_for_llguidance(monkeypatch):
+    sc = _verdicts(monkeypatch, xgrammar=lambda s: "the grammar engine (xgrammar) cannot compile this schema: x")
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3}
+    plan = sc.plan_engine(schema, DUAL, stream=True)
+    assert plan.engine == "llguidance" and plan.grammar_schema == {**schema, "x-dspark-engine": "llguidance"}
+    # Structural problems are a 400 whatever the engines.
+    bad = {"type": "objectx"}
+    assert sc.plan_engine(bad, DUAL, stream=False).problem.startswith("not a valid JSON Schema at type")
+
+
+def test_the_second_attempt_uses_the_other_engine(monkeypatch):
+    sc = _verdicts(monkeypatch)
+    order = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    first = sc.plan_engine(order, DUAL, stream=False)
+    second = sc.second_plan(order, first, DUAL)
+    assert second.engine == "llguidance" and second.grammar_schema == {**order, "x-dspark-engine": "llguidance"}
+    assert sc.second_plan(order, first, ("xgrammar",)) is None
+    multiple = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
+    back = sc.second_plan(multiple, sc.plan_engine(multiple, DUAL, stream=False), DUAL)
+    assert back.engine == "xgrammar" and back.dropped == ["multipleOf at /properties/n"]
+
+
+def test_the_engine_annotation_is_read_and_removed():
+    from gpustack_dspark.worker.drafting import engines
+
+    spec = json.dumps({"type": "object", "x-dspark-engine": "llguidance", "x-guidance": {"lenient": True}})
+    engine, rest = engines.split_mark(spec)
+    assert engine == "llguidance" and json.loads(rest) == {"type": "object", "x-guidance": {"lenient": True}}
+    assert engines.split_mark('{"type": "string"}') == (None, '{"type": "string"}')
+    assert engines.split_mark('{"x-dspark-engine": "other"}') == (None, "{}")
+    assert engines.split_mark('"x-dspark-engine"') == (None, '"x-dspark-engine"')
+    assert engines.choose("guidance", None) == "llguidance" and engines.choose("xgrammar", None) == "xgrammar"
+    assert engines.choose("xgrammar", "llguidance") == "llguidance"

@@ -129,9 +129,19 @@ def test_gpu_only_methods_on_a_cpu_worker():
         plan(["--enable-dspark", "--dspark-method=dspark"], "deepseek-v4.1", env=CPU)
 
 
-def test_json_mode_sets_xgrammar_with_bounded_whitespace():
+def test_json_mode_sets_the_engines_with_bounded_whitespace():
+    # With the drafting layer on: vLLM picks the engine per request, the layer's manager keeps both.
     p = plan(["--enable-dspark"])
+    assert json.loads(flag(p, "--structured-outputs-config")) == {"backend": "auto"}
+    assert p.grammar_engines == ("xgrammar", "llguidance") and p.drafting_layer_on
+    # vLLM takes disable_any_whitespace only with one named backend: the layer sets it on both.
+    assert json.loads(flag(p, "--additional-config"))["dspark_drafting"]["engines"] == ["xgrammar", "llguidance"]
+    # Without the layer nothing would make one engine hold both: xgrammar only.
+    p = plan(["--enable-dspark", "--dspark-drafting=off"])
     assert json.loads(flag(p, "--structured-outputs-config")) == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert p.grammar_engines == ("xgrammar",)
+    p = plan(["--enable-dspark", "--structured-outputs-config", '{"backend":"guidance"}'])
+    assert p.grammar_engines == () and flag(p, "--structured-outputs-config") == '{"backend":"guidance"}'
     assert flag(p, "--per-request-spec-decode-metrics") == "summary"
     p = plan(["--enable-dspark", "--dspark-grammar-mode=off"])
     assert "--structured-outputs-config" not in p.vllm_argv
@@ -173,7 +183,8 @@ def test_drafting_layer_loads_through_the_scheduler_class_with_its_settings():
     assert flag(p, "--scheduler-cls") == "gpustack_dspark.worker.drafting.scheduler.DSparkDraftingScheduler"
     assert "--no-async-scheduling" in p.vllm_argv
     assert json.loads(flag(p, "--additional-config")) == {
-        "dspark_drafting": {"mode": "forced+statistical", "threshold": 0.6, "length": 6}}
+        "dspark_drafting": {"mode": "forced+statistical", "threshold": 0.6, "length": 6,
+                            "engines": ["xgrammar", "llguidance"]}}
     assert p.threshold["applied"] is True and "cut at the first token below" in p.threshold["mechanism"]
     assert not p.warnings and "drafting=forced+statistical" in p.startup_line()
 
@@ -181,7 +192,8 @@ def test_drafting_layer_loads_through_the_scheduler_class_with_its_settings():
 def test_drafting_layer_modes_defaults_and_merged_additional_config():
     p = plan(["--enable-dspark", "--dspark-drafting=forced", "--additional-config", '{"x": 1}'], "llama", env=CPU)
     assert json.loads(flag(p, "--additional-config")) == {
-        "x": 1, "dspark_drafting": {"mode": "forced", "threshold": 0.3, "length": 8}}
+        "x": 1, "dspark_drafting": {"mode": "forced", "threshold": 0.3, "length": 8,
+                                    "engines": ["xgrammar", "llguidance"]}}
     assert p.threshold == {**p.threshold, "value": 0.3, "applied": True, "default": True}
     p = plan(["--enable-dspark", "--dspark-drafting=off"], "llama", env=CPU)
     assert p.drafting["mode"] == "off" and "--scheduler-cls" not in p.vllm_argv

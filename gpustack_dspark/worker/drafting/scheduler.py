@@ -18,7 +18,8 @@ import os
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
-from gpustack_dspark.worker.drafting import budget_step, draft_builder
+from gpustack_dspark.worker.drafting import budget_step, draft_builder, engines
+from gpustack_dspark.worker.drafting.engines import XgrammarWalker  # noqa: F401 (its old home)
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
@@ -39,11 +40,23 @@ INTERNALS = (
     ("vllm.v1.core.sched.output.SchedulerOutput", "total_num_scheduled_tokens"),
     ("vllm.v1.structured_output.StructuredOutputManager", "validate_tokens"),
     ("vllm.v1.structured_output.backend_xgrammar.XgrammarGrammar", "matcher"),
+    # Two engines in one manager (engines.py, when vLLM's structured-output backend is "auto").
+    ("vllm.v1.structured_output.StructuredOutputManager", "grammar_init"),
+    ("vllm.v1.structured_output.StructuredOutputManager", "_create_grammar"),
+    ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend", "compile_grammar"),
+    ("vllm.v1.structured_output.backend_guidance.GuidanceBackend", "compile_grammar"),
+    ("vllm.v1.structured_output.backend_guidance.GuidanceGrammar", "ll_matcher"),
     ("vllm.v1.outputs.DraftTokenIds", "draft_token_ids"),
     ("vllm.v1.outputs.ModelRunnerOutput", "sampled_token_ids"),
     ("xgrammar.GrammarMatcher", "find_jump_forward_string"),
     ("xgrammar.GrammarMatcher", "is_completed"),
     ("xgrammar.GrammarMatcher", "rollback"),
+    ("llguidance.LLMatcher", "try_consume_tokens"),
+    ("llguidance.LLMatcher", "compute_ff_bytes"),
+    ("llguidance.LLMatcher", "compute_bitmask"),
+    ("llguidance.LLMatcher", "rollback"),
+    ("llguidance.LLMatcher", "is_accepting"),
+    ("llguidance.LLMatcher", "is_stopped"),
 )
 
 
@@ -79,40 +92,6 @@ def check_vllm_internals() -> List[str]:
     return problems
 
 
-class XgrammarWalker:
-    """draft_builder.GrammarWalker over an xgrammar matcher."""
-
-    def __init__(self, matcher, vocab_size: int) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
-
-    def accept_token(self, token: int) -> bool:
-        return bool(self.matcher.accept_token(token))
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens:
-            self.matcher.rollback(num_tokens)
-
-    def find_jump_forward_string(self) -> str:
-        # xgrammar refuses (raises) once the stop token is in.
-        return "" if self.matcher.is_terminated() else self.matcher.find_jump_forward_string()
-
-    def is_completed(self) -> bool:
-        return self.matcher.is_completed() and not self.matcher.is_terminated()
-
-    def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
-
-    def only_allowed_token(self) -> Optional[int]:
-        import numpy as np
-        import xgrammar
-
-        bitmask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
-        self.matcher.fill_next_token_bitmask(bitmask)
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
-        allowed = np.flatnonzero(bits)
-        return int(allowed[0]) if len(allowed) == 1 else None
-
-
 def layer_config(vllm_config) -> Dict[str, Any]:
     config = dict((getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY) or {})
     spec = vllm_config.speculative_config
@@ -121,6 +100,7 @@ def layer_config(vllm_config) -> Dict[str, Any]:
     config.setdefault("mode", "forced+statistical")
     config.setdefault("base_method", spec.method if spec else None)
     config.setdefault("shared_history", 256)
+    config.setdefault("engines", [])  # ["xgrammar", "llguidance"]: both in one manager (engines.py)
     config.setdefault("budget", False)  # the per-step speculation budget (--dspark-speculative-length auto)
     return config
 
@@ -178,7 +158,7 @@ class DraftingLayer:
             logger.info("DSpark drafting off for request %s: it has no grammar (vLLM's %s drafts used as they are)",
                         request_id, self.base_method)
 
-    def draft_for(self, request, matcher, base_draft: Sequence[int],
+    def draft_for(self, request, walker, base_draft: Sequence[int],
                   length: Optional[int] = None) -> draft_builder.Draft:
         history = self.histories.get(request.request_id)
         if history is None:
@@ -190,7 +170,6 @@ class DraftingLayer:
         def next_token(draft_so_far: List[int]):
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
-        walker = XgrammarWalker(matcher, self.vocab_size)
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
         draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text)
         self.counters.drafts += 1
@@ -249,6 +228,9 @@ def _scheduler_class():
             tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
             vocab_size = self.vllm_config.model_config.get_vocab_size()
             self.dspark = DraftingLayer(config, tokenizer, vocab_size)
+            if engines.LLGUIDANCE in config["engines"] and self.structured_output_manager is not None:
+                # vLLM's frontend picks per request; this makes the engine honour it (engines.py).
+                engines.install(self.structured_output_manager)
             if self.dspark.budget is not None:
                 problems = budget_step.check_scheduler(self)
                 if problems:
@@ -273,19 +255,18 @@ def _scheduler_class():
             glue.after_schedule(output)
             return output
 
-        def _grammar_matcher(self, request):
-            """The request's xgrammar matcher when its grammar is compiled and in force."""
+        def _grammar_walker(self, request):
+            """A walker over the request's grammar (either engine) when compiled and in force."""
             if not request.use_structured_output:
                 return None
             sreq = request.structured_output_request
             manager = self.structured_output_manager
             grammar = sreq.grammar if sreq is not None else None
-            matcher = getattr(grammar, "matcher", None)
-            if matcher is None or grammar.is_terminated():
-                return None
+            if grammar is None or not hasattr(grammar, "is_terminated") or grammar.is_terminated():
+                return None  # not compiled yet (a Future), or done
             if not (manager.enable_in_reasoning or sreq.reasoning_ended or manager.reasoner_cls is None):
                 return None  # still thinking: the grammar starts later
-            return matcher
+            return engines.walker_for(grammar, self.dspark.vocab_size)
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
             layer = self.dspark
@@ -298,18 +279,18 @@ def _scheduler_class():
                 if request.is_prefill_chunk:
                     request.spec_token_ids = []
                     continue
-                matcher = self._grammar_matcher(request)
-                layer.note_request(req_id, matcher is not None or request.use_structured_output)
+                walker = self._grammar_walker(request)
+                layer.note_request(req_id, walker is not None or request.use_structured_output)
                 if build is not None:
                     base_draft = list(base_draft)[:build]
-                if matcher is None or build == 0:
+                if walker is None or build == 0:
                     validated = self.structured_output_manager.validate_tokens(request, base_draft)
                     request.spec_token_ids = validated
                     layer.kinds[req_id] = ["base"] * len(validated)
                     layer.confs[req_id] = [1.0] * len(validated)
                     continue
                 try:
-                    draft = layer.draft_for(request, matcher, base_draft, build)
+                    draft = layer.draft_for(request, walker, base_draft, build)
                 except Exception:
                     # The layer must never stop the engine: this step keeps vLLM's own draft.
                     layer.counters.layer_errors += 1
