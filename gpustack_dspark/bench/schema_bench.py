@@ -6,10 +6,13 @@ CPU, the tiny fixture model), and sends every schema once with the OpenAI SDK
 (`response_format: json_schema`, "Reply with a JSON object.", temperature 0):
 
 - `before`: what was built before issue 20: GPUStack's stock status codes (routing policy
-  `proxy.pass_replica_status: false`) and schemas vLLM's xgrammar backend refuses refused
-  (`DSPARK_SCHEMA_RELAX=0`);
-- `after`: the replica's own status passed through, those schemas served with the refused
-  keywords relaxed out of the grammar and the reply checked against the original.
+  `proxy.pass_replica_status: false`), xgrammar only (`--structured-outputs-config` naming it)
+  and schemas vLLM's xgrammar backend refuses refused (`DSPARK_SCHEMA_RELAX=0`);
+- `relaxed`: the replica's own status passed through, xgrammar only, those schemas served with
+  the refused keywords relaxed out of the grammar and the reply checked against the original;
+- `after` (the default replica): both engines (xgrammar first, llguidance where xgrammar
+  refuses or cannot compile the schema, lenient only where the reply is checked), and one more
+  attempt with the other engine after a withheld reply.
 
 Each reply is classified: valid (finished and validates), cut by max_tokens, refused (status
 and reason), withheld (the replica's reply check: 5xx SchemaViolationError), invalid delivered
@@ -131,7 +134,12 @@ def print_tables(out: Dict[str, List[Dict[str, Any]]]) -> None:
             print(f"    {count:4d}  {reason}")
 
 
-def run_config(name: str, pass_status: bool, relax: bool, pg, base: Path, paths, args) -> List[Dict[str, Any]]:
+XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
+CONFIGS = (("before", False, False, XGRAMMAR_ONLY), ("relaxed", True, True, XGRAMMAR_ONLY), ("after", True, True, []))
+
+
+def run_config(name: str, pass_status: bool, relax: bool, replica_args: List[str], pg, base: Path, paths,
+               args) -> List[Dict[str, Any]]:
     from gpustack_dspark import backend
     from gpustack_dspark.devstack.api import GPUStackAPI
     from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
@@ -142,7 +150,8 @@ def run_config(name: str, pass_status: bool, relax: bool, pg, base: Path, paths,
     policy_dir = base / f"policy-{name}"
     policy_dir.mkdir()
     (policy_dir / "routing.yaml").write_text(f"version: 1\nproxy:\n  pass_replica_status: {str(pass_status).lower()}\n")
-    replica = start_replica(base / f"replica-{name}.log", ["--enable-dspark", "--dspark-warmup-requests", "2"],
+    replica = start_replica(base / f"replica-{name}.log", ["--enable-dspark", "--dspark-warmup-requests", "2",
+                                                           *replica_args],
                             env={"DSPARK_SCHEMA_RELAX": "1" if relax else "0"})
     pg.reset()
     server = GPUStackServer(data_dir=base / f"server-{name}", database_url=pg.url,
@@ -167,6 +176,8 @@ def run_config(name: str, pass_status: bool, relax: bool, pg, base: Path, paths,
         started = time.monotonic()
         results = run_requests(server.url, key, SERVED_NAME, paths, args.max_tokens, args.concurrency)
         print(f"== {name}: {len(results)} requests in {time.monotonic() - started:.0f} s", flush=True)
+        counters = replica.info()["requests"]
+        print(f"== {name}: replica counters {json.dumps(counters)}", flush=True)
         return results
     finally:
         if keeper:
@@ -185,7 +196,8 @@ def main() -> None:
     parser.add_argument("--per-split", type=int, default=0, help="first N schemas of each split; 0 = all")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--only", choices=("before", "after"), help="run one configuration")
+    parser.add_argument("--only", choices=[c[0] for c in CONFIGS], action="append",
+                        help="run only this configuration (repeatable)")
     parser.add_argument("--out", type=Path, help="write every classified reply as JSON")
     args = parser.parse_args()
 
@@ -198,10 +210,10 @@ def main() -> None:
     pg = start_postgres(base / "pg")
     out: Dict[str, List[Dict[str, Any]]] = {}
     try:
-        for name, pass_status, relax in (("before", False, False), ("after", True, True)):
-            if args.only and args.only != name:
+        for name, pass_status, relax, replica_args in CONFIGS:
+            if args.only and name not in args.only:
                 continue
-            out[name] = run_config(name, pass_status, relax, pg, base, paths, args)
+            out[name] = run_config(name, pass_status, relax, replica_args, pg, base, paths, args)
     finally:
         pg.stop()
     print_tables(out)

@@ -21,6 +21,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.postgres import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
 from tests.conftest import admin_api, dspark_status, wait_for
@@ -100,13 +101,17 @@ def test_an_unusable_schema_is_a_400_naming_the_reason(stack, stream):
 
 def test_a_withheld_reply_is_a_5xx_that_says_so_and_is_counted(stack):
     server, api, replica, _ = stack
-    before = replica.info()["requests"]["schema_violations"]
+    before = replica.info()["requests"]
+    attempts = before["second_attempts"]
+    before = before["schema_violations"]
     r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
         "name": "pair", "schema": WITHHELD_SCHEMA}}})
     assert r.status_code == 500, r.text[:500]
     error = r.json()["error"]
     assert error["type"] == "SchemaViolationError" and "it was not delivered" in error["message"]
     assert replica.info()["requests"]["schema_violations"] == before + 1
+    # Neither engine enforces `not`: the second attempt (llguidance, lenient) fails the check too.
+    assert replica.info()["requests"]["second_attempts"] == attempts + 1
     statuses = dspark_status(server, api.api_key)["routing"]["replica_statuses"]
     assert statuses["withheld"] >= 1 and statuses["replica_4xx"] >= 1
 
@@ -126,36 +131,107 @@ def test_an_unreachable_replica_stays_503(stack, stream):
     assert "max_tokens" not in r.text
 
 
-# ---- part 1 (in part): schemas vLLM's xgrammar backend refuses ---------------------------------
+# ---- part 1: two grammar engines, lenient only where checked, a second attempt ---------------
 
-RELAXED_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["user_id", "amount"], "properties": {
+# xgrammar (as vLLM 0.32 uses it) refuses multipleOf; llguidance enforces it exactly.
+MULTIPLE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["user_id", "amount"], "properties": {
     "user_id": {"type": "integer", "minimum": 0, "maximum": 1000, "multipleOf": 7},
     "amount": {"type": "number"}}}
+# Neither engine enforces uniqueItems: llguidance compiles it only in lenient mode.
+UNIQUE_SCHEMA = {"type": "object", "required": ["tags"], "properties": {
+    "tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2, "maxItems": 3}}}
+# xgrammar 0.2.8 lets this pattern through wrongly (the tiny model writes "6.6.91"): withheld,
+# then served by the second attempt with llguidance.
+VERSION_SCHEMA = {"type": "object", "required": ["version"], "properties": {
+    "version": {"type": "string", "pattern": "^[0-9]\\.[0-9]\\.[0-9](-[0-9A-Za-z]+)?$"}}}
+DOCUMENT = [{"role": "user", "content": "Produce a JSON document."}]
 
 
-def test_a_schema_vllm_refuses_is_served_relaxed_and_reply_checked(stack):
+def _schema_body(schema, **extra):
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": schema}}, **extra}
+
+
+def _streamed_content(r) -> tuple:
+    text, finish = "", None
+    for line in r.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            choices = json.loads(line[6:])["choices"]
+            if not choices:  # the usage chunk
+                continue
+            choice = choices[0]
+            text += (choice.get("delta") or {}).get("content") or ""
+            finish = choice.get("finish_reason") or finish
+    return text, finish
+
+
+def _requests(replica):
+    return replica.info()["requests"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_xgrammar_refuses_is_served_exactly_by_llguidance(stack, stream):
     _, _, replica, _ = stack
-    before = replica.info()["requests"]
-    served = []
-    for i in range(3):
-        r = _proxy(stack, {"max_tokens": 96, "seed": i, "messages": [
-            {"role": "user", "content": f"Create an order record for user {7 * (i + 1)}: buy {i + 2.5}."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": RELAXED_SCHEMA}}})
-        # Served (the grammar without multipleOf; the reply check with it): valid, cut, or withheld.
-        assert r.status_code in (200, 500), r.text[:300]
-        if r.status_code == 500:
-            assert r.json()["error"]["type"] == "SchemaViolationError"
-            continue
-        choice = r.json()["choices"][0]
-        if choice["finish_reason"] == "stop":
-            jsonschema.validate(json.loads(choice["message"]["content"]), RELAXED_SCHEMA)
-        served.append(choice["finish_reason"])
-    after = replica.info()["requests"]
-    assert after["relaxed"] == before["relaxed"] + 3
-    # Streamed replies are not reply-checked, so there it stays a 400 naming the keyword.
-    r = _proxy(stack, {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "order", "schema": RELAXED_SCHEMA}}}, stream=True)
-    assert r.status_code == 400 and "multipleOf on a number, at /properties/user_id" in r.json()["error"]["message"]
+    before = _requests(replica)
+    finished = 0
+    for i in range(2):
+        r = _proxy(stack, _schema_body(MULTIPLE_SCHEMA, max_tokens=96, messages=[
+            {"role": "user", "content": f"Create an order record for user {7 * (i + 1)}: buy {i + 2.5}."}]),
+            stream=stream)
+        assert r.status_code == 200, r.text[:300]  # enforced exactly: never withheld
+        text, finish = _streamed_content(r) if stream else (
+            r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"])
+        if finish == "stop":
+            jsonschema.validate(json.loads(text), MULTIPLE_SCHEMA)
+            finished += 1
+    after = _requests(replica)
+    assert after["engine_llguidance"] == before["engine_llguidance"] + 2
+    assert after["relaxed"] == before["relaxed"] and after["schema_violations"] == before["schema_violations"]
+    assert finished >= 1
+
+
+def test_lenient_llguidance_only_where_the_reply_is_checked(stack):
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    r = _proxy(stack, _schema_body(UNIQUE_SCHEMA, max_tokens=64, messages=DOCUMENT))
+    assert r.status_code in (200, 500), r.text[:300]
+    if r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), UNIQUE_SCHEMA)
+    elif r.status_code == 500:
+        assert r.json()["error"]["type"] == "SchemaViolationError"
+    after = _requests(replica)
+    assert after["relaxed"] == before["relaxed"] + 1 and after["engine_llguidance"] == before["engine_llguidance"] + 1
+    # A stream is not reply-checked: only an exactly enforced grammar, so a 400 naming the keyword.
+    r = _proxy(stack, _schema_body(UNIQUE_SCHEMA, messages=DOCUMENT), stream=True)
+    assert r.status_code == 400 and "uniqueItems on an array, at /properties/tags" in r.json()["error"]["message"]
+
+
+def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    r = _proxy(stack, _schema_body(VERSION_SCHEMA, max_tokens=96, messages=DOCUMENT))
+    assert r.status_code == 200, r.text[:300]
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), VERSION_SCHEMA)
+    after = _requests(replica)
+    assert after["second_attempts"] == before["second_attempts"] + 1
+    assert after["second_attempt_served"] == before["second_attempt_served"] + 1
+    assert after["schema_violations"] == before["schema_violations"]  # nothing withheld in the end
+
+
+def test_both_engines_give_the_same_reply_with_grammar_forced_drafts(stack):
+    """Greedy: the reply is the target model's whichever engine holds the grammar, and the
+    drafting layer builds forced drafts over llguidance too (the annotation picks it)."""
+    _, _, replica, _ = stack
+    replies = []
+    for mark in ({}, {"x-dspark-engine": "llguidance"}):
+        counters = replica.info()["drafting"]["counters"]
+        r = _proxy(stack, _schema_body({**ORDER_SCHEMA, **mark}, max_tokens=96))
+        assert r.status_code == 200, r.text[:300]
+        replies.append(r.json()["choices"][0]["message"]["content"])
+        now = replica.info()["drafting"]["counters"]
+        assert now["forced_proposed"] > counters["forced_proposed"], (mark, now)
+        assert (now["requests_drafted_over_llguidance"] - counters["requests_drafted_over_llguidance"]) == len(mark)
+    assert replies[0] == replies[1]
+    jsonschema.validate(json.loads(replies[0]), ORDER_SCHEMA)
 
 
 # ---- the OpenAI SDK's JSON paths through GPUStack ---------------------------------------------

@@ -129,6 +129,7 @@ class DraftingLayer:
         self.confs: Dict[str, List[float]] = {}
         self.budget = budget_step.BudgetGlue(int(config["length"])) if config["budget"] else None
         self.seen: Dict[str, bool] = {}
+        self.over_llguidance: set = set()
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
         self._texts: Dict[int, str] = {}
 
@@ -147,7 +148,10 @@ class DraftingLayer:
             text = self._texts[token] = self.tokenizer.decode([token])
         return text
 
-    def note_request(self, request_id: str, has_grammar: bool) -> None:
+    def note_request(self, request_id: str, has_grammar: bool, over_llguidance: bool = False) -> None:
+        if over_llguidance and request_id not in self.over_llguidance:
+            self.over_llguidance.add(request_id)
+            self.counters.requests_drafted_over_llguidance += 1
         if request_id in self.seen:
             return
         self.seen[request_id] = has_grammar
@@ -205,6 +209,7 @@ class DraftingLayer:
         self.histories.pop(rid, None)
         self.kinds.pop(rid, None)
         self.confs.pop(rid, None)
+        self.over_llguidance.discard(rid)
         if self.seen.pop(rid, False):
             self.shared.add_output(list(request.output_token_ids))
 
@@ -280,7 +285,8 @@ def _scheduler_class():
                     request.spec_token_ids = []
                     continue
                 walker = self._grammar_walker(request)
-                layer.note_request(req_id, walker is not None or request.use_structured_output)
+                layer.note_request(req_id, walker is not None or request.use_structured_output,
+                                   isinstance(walker, engines.LLGuidanceWalker))
                 if build is not None:
                     base_draft = list(base_draft)[:build]
                 if walker is None or build == 0:

@@ -38,6 +38,7 @@ class DraftingCounters:
     layer_errors: int = 0            # drafts that fell back to vLLM's own after an error
     requests_with_grammar: int = 0
     requests_without_grammar: int = 0
+    requests_drafted_over_llguidance: int = 0  # of requests_with_grammar, drafts built over llguidance
     target_forward_passes: int = 0  # request-steps that produced tokens
     output_tokens: int = 0
     # The per-step speculation budget (--dspark-speculative-length auto; budget.py).
