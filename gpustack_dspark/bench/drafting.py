@@ -7,7 +7,10 @@ the other; each serves two workloads: order JSON (the schema of bench/order_json
 fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
 bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
-sweep of forced + statistical.
+sweep of forced + statistical. Grammar engines (issue 20): forced + statistical with xgrammar
+only (the replica before both engines), and with every request's grammar held by llguidance
+(the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
+these schemas.
 
 Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance, and
 output tokens per target forward pass. Every step of the target model yields one sampled
@@ -60,6 +63,24 @@ def variants(length: int, sweep: Sequence[float]) -> List[Tuple[str, List[str]]]
     ]
     out += [(f"forced + statistical, threshold {t}", spec + ["--dspark-drafting=forced+statistical",
                                                              f"--dspark-accept-threshold={t}"]) for t in sweep]
+    out += [("forced + statistical, xgrammar only", spec + ["--dspark-drafting=forced+statistical",
+                                                            *XGRAMMAR_ONLY]),
+            (LLGUIDANCE_VARIANT, spec + ["--dspark-drafting=forced+statistical"])]
+    return out
+
+
+XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
+LLGUIDANCE_VARIANT = "forced + statistical, llguidance for every request"
+
+
+def on_llguidance(bodies: List[Dict]) -> List[Dict]:
+    """The same requests with the annotation that makes the replica's engine use llguidance."""
+    out = []
+    for body in bodies:
+        body = json.loads(json.dumps(body))
+        schema = body["response_format"]["json_schema"]["schema"]
+        body["response_format"]["json_schema"]["schema"] = {**schema, "x-dspark-engine": "llguidance"}
+        out.append(body)
     return out
 
 
@@ -122,6 +143,8 @@ def main(argv=None) -> None:
         try:
             replica.wait_ready(600)
             for workload, (bodies, schema) in workloads.items():
+                if name == LLGUIDANCE_VARIANT:
+                    bodies = on_llguidance(bodies)
                 figures = measure(replica.base_url, bodies, schema, args.concurrency)
                 results[workload].append((name, figures))
                 print(f"[{number}/{len(chosen)}] {name} / {workload}: "

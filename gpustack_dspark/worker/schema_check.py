@@ -7,6 +7,7 @@ A schema no engine can compile must get a clear 400, never unconstrained output.
 attempt after a withheld reply (rules in docs/worker.md, "Grammar engines").
 """
 
+import collections
 import concurrent.futures
 import copy
 import hashlib
@@ -24,7 +25,33 @@ COMPILE_TIMEOUT_S = 10.0
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:NN: ".
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="dspark-schema")
-_verdicts: Dict[str, Optional[str]] = {}
+VERDICTS_KEPT = 4096  # per engine, least recently used dropped first
+
+
+class _Verdicts:
+    """Verdicts by schema hash, at most VERDICTS_KEPT (callers hold `_lock`)."""
+
+    def __init__(self) -> None:
+        self._items: "collections.OrderedDict[str, Optional[str]]" = collections.OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def __getitem__(self, key: str) -> Optional[str]:
+        self._items.move_to_end(key)
+        return self._items[key]
+
+    def __setitem__(self, key: str, verdict: Optional[str]) -> None:
+        self._items[key] = verdict
+        self._items.move_to_end(key)
+        while len(self._items) > VERDICTS_KEPT:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_verdicts = _Verdicts()
 _lock = threading.Lock()
 # The model's tokenizer: xgrammar can parse some schemas it then fails to compile against a
 # vocabulary (vLLM answers those with a 500), so the check compiles like vLLM does.
@@ -32,7 +59,33 @@ _tokenizer_source: Dict[str, Any] = {}
 _compiler: Any = None
 _hf_tokenizer: Any = None
 _ll_tokenizer: Any = None
-_ll_verdicts: Dict[str, Optional[str]] = {}
+_llVERDICTS_KEPT = 4096  # per engine, least recently used dropped first
+
+
+class _Verdicts:
+    """Verdicts by schema hash, at most VERDICTS_KEPT (callers hold `_lock`)."""
+
+    def __init__(self) -> None:
+        self._items: "collections.OrderedDict[str, Optional[str]]" = collections.OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def __getitem__(self, key: str) -> Optional[str]:
+        self._items.move_to_end(key)
+        return self._items[key]
+
+    def __setitem__(self, key: str, verdict: Optional[str]) -> None:
+        self._items[key] = verdict
+        self._items.move_to_end(key)
+        while len(self._items) > VERDICTS_KEPT:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_verdicts = _Verdicts()
 ENGINE_MARK = "x-dspark-engine"  # read (and removed) by worker/drafting/engines.py in the engine
 LENIENT = {"lenient": True}  # llguidance: compile keywords it cannot enforce instead of refusing
 

@@ -324,3 +324,15 @@ def test_the_engine_annotation_is_read_and_removed():
     assert engines.split_mark('"x-dspark-engine"') == (None, '"x-dspark-engine"')
     assert engines.choose("guidance", None) == "llguidance" and engines.choose("xgrammar", None) == "xgrammar"
     assert engines.choose("xgrammar", "llguidance") == "llguidance"
+
+
+def test_the_verdict_caches_are_bounded(monkeypatch):
+    from gpustack_dspark.worker import schema_check
+
+    monkeypatch.setattr(schema_check, "VERDICTS_KEPT", 3)
+    cache = schema_check._Verdicts()
+    for i in range(5):
+        cache[str(i)] = f"v{i}"
+    assert len(cache) == 3 and "0" not in cache and cache["2"] == "v2"
+    cache["5"] = None  # "2" was used last: "3" goes
+    assert "3" not in cache and "2" in cache and "5" in cache and cache["5"] is None
