@@ -59,33 +59,7 @@ _tokenizer_source: Dict[str, Any] = {}
 _compiler: Any = None
 _hf_tokenizer: Any = None
 _ll_tokenizer: Any = None
-_llVERDICTS_KEPT = 4096  # per engine, least recently used dropped first
-
-
-class _Verdicts:
-    """Verdicts by schema hash, at most VERDICTS_KEPT (callers hold `_lock`)."""
-
-    def __init__(self) -> None:
-        self._items: "collections.OrderedDict[str, Optional[str]]" = collections.OrderedDict()
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._items
-
-    def __getitem__(self, key: str) -> Optional[str]:
-        self._items.move_to_end(key)
-        return self._items[key]
-
-    def __setitem__(self, key: str, verdict: Optional[str]) -> None:
-        self._items[key] = verdict
-        self._items.move_to_end(key)
-        while len(self._items) > VERDICTS_KEPT:
-            self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-_verdicts = _Verdicts()
+_ll_verdicts = _Verdicts()
 ENGINE_MARK = "x-dspark-engine"  # read (and removed) by worker/drafting/engines.py in the engine
 LENIENT = {"lenient": True}  # llguidance: compile keywords it cannot enforce instead of refusing
 

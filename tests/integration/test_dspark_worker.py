@@ -186,7 +186,7 @@ print(json.dumps(out))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_bench_schemas_validate_and_uncompilable_ones_get_400(replica):
+def test_bench_schemas_validate_and_uncompilable_ones_are_served_or_400(replica):
     verdicts = _classify_bench_schemas()
     compiling = sorted((p for p, ok in verdicts.items() if ok), key=lambda p: Path(p).stat().st_size)
     failing = [p for p, ok in verdicts.items() if not ok]
@@ -209,14 +209,28 @@ def test_bench_schemas_validate_and_uncompilable_ones_get_400(replica):
         print(f"{len(valid)} schemas answered valid JSON; withheld (grammar engine did not enforce): {withheld}")
         assert len(valid) >= 20, withheld
 
+        # What xgrammar cannot compile: llguidance may serve it (then a finished reply must
+        # validate, or be withheld), else a 400 saying why, within the compile bounds.
+        # A lookbehind pattern compiles in neither engine: always the 400.
         refused = [json.loads(Path(p).read_text()) for p in failing[:4]] + [LOOKBEHIND_SCHEMA]
+        answers = []
         for schema in refused:
             started = time.monotonic()
-            r = chat(client, "Reply with a JSON object.", response_format={
+            r = chat(client, "Reply with a JSON object.", max_tokens=200, response_format={
                 "type": "json_schema", "json_schema": {"name": "bad", "schema": schema}})
-            assert r.status_code == 400, r.text[:300]
-            assert "schema is not usable" in r.json()["error"]["message"]
-            assert time.monotonic() - started < 15
+            answers.append(r.status_code)
+            assert time.monotonic() - started < 60, schema
+            if r.status_code == 400:
+                assert "schema is not usable" in r.json()["error"]["message"]
+            elif r.status_code == 500:
+                assert r.json()["error"]["type"] == "SchemaViolationError", r.text[:300]
+            else:
+                assert r.status_code == 200, r.text[:300]
+                choice = r.json()["choices"][0]
+                if choice["finish_reason"] == "stop":
+                    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+        print(f"schemas xgrammar cannot compile, answered: {answers}")
+        assert answers[-1] == 400
 
 
 def test_legacy_guided_json_is_converted_not_ignored(replica):
