@@ -415,6 +415,23 @@ def _has_pattern_properties(schema: Any) -> bool:
     return False
 
 
+def _frontend_takes_xgrammar(schema: Dict[str, Any]) -> bool:
+    """vLLM's frontend ("auto") keeps a schema on xgrammar when xgrammar parses it without a
+    vocabulary (validate_xgrammar_grammar); else it goes to llguidance, or to outlines when it
+    has patternProperties."""
+    if xgrammar_unsupported(schema) is not None:
+        return False
+    try:
+        import xgrammar
+
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
+    except ImportError:
+        return False
+    except Exception:
+        return False
+    return True
+
+
 @dataclass
 class EnginePlan:
     """How one request's schema is served: `grammar_schema` goes to vLLM (the reply check
@@ -431,7 +448,11 @@ class EnginePlan:
 
 
 def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional[EnginePlan]:
-    if not isinstance(schema, dict) or _has_pattern_properties(schema):
+    # Unmarked, vLLM's frontend would hand a schema with patternProperties to outlines; marked,
+    # the engine's manager uses llguidance whatever the frontend chose (llguidance 1.7 compiles
+    # patternProperties).
+    if not isinstance(schema, dict) or (_has_pattern_properties(schema) and not (
+            marked and _frontend_takes_xgrammar(schema))):
         return None
     mark = {ENGINE_MARK: "llguidance"} if marked else {}
     if llguidance_problem(schema) is None:
@@ -463,6 +484,10 @@ def plan_engine(schema: Any, engines: Sequence[str], stream: bool, relax: bool =
         relaxed, dropped = relax_for_xgrammar(schema)
         if dropped and check_schema(relaxed) is None:
             return EnginePlan("xgrammar", relaxed, dropped)
+    if dual and isinstance(schema, dict):
+        other = llguidance_problem(schema)
+        if other:
+            problem = f"{problem}; and {other}"
     return EnginePlan(problem=problem)
 
 

@@ -324,6 +324,8 @@ def test_the_engine_annotation_is_read_and_removed():
     assert engines.split_mark('"x-dspark-engine"') == (None, '"x-dspark-engine"')
     assert engines.choose("guidance", None) == "llguidance" and engines.choose("xgrammar", None) == "xgrammar"
     assert engines.choose("xgrammar", "llguidance") == "llguidance"
+    with pytest.raises(ValueError, match="'outlines' is not served by this replica"):
+        engines.choose("outlines", None)
 
 
 def test_the_verdict_caches_are_bounded(monkeypatch):

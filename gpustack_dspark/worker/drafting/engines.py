@@ -50,10 +50,18 @@ def split_mark(spec: Any) -> Tuple[Optional[str], Any]:
 
 
 def choose(frontend_backend: Optional[str], marked: Optional[str]) -> str:
-    """Which engine compiles a request. Pure."""
+    """Which engine compiles a request. Pure. vLLM's frontend falls back to outlines for
+    schemas neither xgrammar nor llguidance takes (patternProperties beside refused keywords);
+    the replica's middleware never sends those (it relaxes them for xgrammar), and anything else
+    that gets here is refused rather than compiled by an engine that would not enforce it."""
     if marked is not None:
         return marked
-    return LLGUIDANCE if frontend_backend == "guidance" else XGRAMMAR
+    if frontend_backend in (None, "xgrammar", "auto"):
+        return XGRAMMAR
+    if frontend_backend == "guidance":
+        return LLGUIDANCE
+    raise ValueError(f"structured-output backend {frontend_backend!r} is not served by this replica "
+                     f"(it serves {XGRAMMAR} and {LLGUIDANCE})")
 
 
 def _manager_class(base):
@@ -101,7 +109,11 @@ def _manager_class(base):
             marked, spec = split_mark(spec)
             params = request.sampling_params
             frontend = getattr(getattr(params, "structured_outputs", None), "_backend", None)
-            engine = choose(frontend, marked)
+            try:
+                engine = choose(frontend, marked)
+            except ValueError:
+                logger.exception("Refused grammar for request %s", request.request_id)
+                raise
             if engine == XGRAMMAR and marked is None:
                 return super()._create_grammar(request)
             try:
