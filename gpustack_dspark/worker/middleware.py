@@ -218,6 +218,9 @@ class DSparkMiddleware:
             return await _send_json(send, 500, {"error": {
                 "message": f"the reply does not validate against the requested schema ({violation}); "
                            "it was not delivered", "type": "SchemaViolationError", "param": None, "code": 500}})
+        if start.get("type") != "http.response.start":  # vLLM's app answered nothing
+            return await _send_json(send, 500, {"error": {"message": "the replica produced no answer",
+                                                          "type": "InternalServerError", "param": None, "code": 500}})
         await send(start)
         await send({"type": "http.response.body", "body": reply})
 
