@@ -36,9 +36,13 @@ WARMUP_DURATION = "dspark_warmup_duration_seconds"
 WARMUP_REQUESTS = "dspark_warmup_requests"
 REQUESTS = "dspark_requests"  # _total added by the exposition
 SCHEMA_VIOLATIONS = "dspark_schema_violations"
+GRAMMAR_REQUESTS = "dspark_grammar_requests"  # _total added by the exposition
 INFO = "dspark_replica"  # _info
 # State counters -> the `action` label of dspark_requests_total.
 REQUEST_ACTIONS = ("json_injected", "legacy_converted", "kept", "rejected")
+# State counters -> the `what` label of dspark_grammar_requests_total (the two grammar engines).
+GRAMMAR_WHATS = {"engine_llguidance": "llguidance", "relaxed": "not_enforced", "second_attempts": "second_attempt",
+                 "second_attempt_served": "second_attempt_served"}
 
 CollectorFn = Callable[[], Iterable]
 _extra: List[CollectorFn] = []
@@ -88,6 +92,12 @@ def state_families(state: worker_state.WorkerState) -> Iterator:
                                      "requested schema", labels=["model_name"])
     violations.add_metric([model], counters.get("schema_violations", 0))
     yield violations
+    grammar = CounterMetricFamily(GRAMMAR_REQUESTS, "Schema requests by how the grammar engines served them: "
+                                  "llguidance, not_enforced (lenient or relaxed; the reply is checked), "
+                                  "second_attempt, second_attempt_served", labels=["model_name", "what"])
+    for key, what in GRAMMAR_WHATS.items():
+        grammar.add_metric([model, what], counters.get(key, 0))
+    yield grammar
     info = InfoMetricFamily(INFO, "What DSpark applied on this replica", labels=["model_name"])
     plan = state.plan
     info.add_metric([model], {"enabled": str(bool(plan.enabled)).lower(), "method": plan.method or "none",

@@ -107,6 +107,8 @@ def _state(phase=worker_state.READY):
     state.warmup.started_at, state.warmup.finished_at, state.warmup.succeeded = 100.0, 102.5, 4
     state.count("json_injected")
     state.count("schema_violations")
+    state.count("second_attempts")
+    state.count("second_attempts")
     state.phase = phase
     return state
 
@@ -134,6 +136,8 @@ def test_worker_families_and_registered_collectors(monkeypatch):
     assert 'dspark_warmup_requests_total{model_name="tiny",outcome="succeeded"} 4.0' in text
     assert 'dspark_requests_total{action="json_injected",model_name="tiny"} 1.0' in text
     assert 'dspark_schema_violations_total{model_name="tiny"} 1.0' in text
+    assert 'dspark_grammar_requests_total{model_name="tiny",what="second_attempt"} 2.0' in text
+    assert 'dspark_grammar_requests_total{model_name="tiny",what="llguidance"} 0.0' in text
     assert 'dspark_replica_info{enabled="true",grammar_mode="json",method="draft_model"' in text
     assert 'dspark_forced_tokens_proposed_total{model_name="tiny"} 7.0' in text  # after the broken one
 
