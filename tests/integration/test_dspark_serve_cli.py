@@ -48,8 +48,10 @@ for argv in json.loads(sys.stdin.read()):
     spec = args.speculative_config or {}
     unknown = set(spec) - fields
     assert not unknown, (argv, unknown)
+    extra = args.additional_config or {}
     print(json.dumps({"model": args.model, "spec": spec,
-                      "so": str(args.structured_outputs_config), "middleware": args.middleware}))
+                      "so": str(args.structured_outputs_config), "middleware": args.middleware,
+                      "engines": (extra.get("dspark_drafting") or {}).get("engines") if isinstance(extra, dict) else None}))
 """
 
 
@@ -80,7 +82,12 @@ def test_every_family_translates_into_arguments_vllm_accepts(models):
     assert parsed["qwen3-dspark"]["spec"]["method"] == "dspark"
     assert parsed["plain"]["spec"] == {}
     assert all(p["middleware"] == ["gpustack_dspark.worker.middleware.DSparkMiddleware"] for p in parsed.values())
-    assert "disable_any_whitespace=True" in parsed["llama"]["so"]
+    # The drafting layer on (n-gram base): both engines, compact whitespace set by the layer on
+    # each (vLLM takes the flag only beside one named backend); off (dspark's own drafter):
+    # xgrammar with the flag.
+    assert "backend='auto'" in parsed["llama"]["so"] and parsed["llama"]["engines"] == ["xgrammar", "llguidance"]
+    assert "backend='xgrammar'" in parsed["v41"]["so"] and "disable_any_whitespace=True" in parsed["v41"]["so"]
+    assert parsed["v41"]["engines"] is None
 
 
 def test_server_config_file(models, tmp_path):
