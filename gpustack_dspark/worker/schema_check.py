@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
@@ -141,24 +141,32 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
         request_limits.check_schema(schema)
     except request_limits.LimitExceeded as e:
         return str(e)
-    text = json.dumps(schema, sort_keys=True)
+    return _bounded_verdict(_verdicts, json.dumps(schema, sort_keys=True), "xgrammar", _grammar_compiler,
+                            _compile_problem, timeout_s,
+                            first=lambda: _meta_schema_problem(schema) or xgrammar_unsupported(schema))
+
+
+def _bounded_verdict(cache: "_Verdicts", text: str, engine: str, load: Callable[[], Any],
+                     compile_problem: Callable[[str], Optional[str]], timeout_s: float,
+                     first: Optional[Callable[[], Optional[str]]] = None) -> Optional[str]:
+    """The cached verdict on `text`; else `first()` (cheap checks), then the engine's compile
+    bounded by `timeout_s`. A timeout is not cached: a later request may find it less busy."""
     key = hashlib.sha256(text.encode()).hexdigest()
     with _lock:
-        if key in _verdicts:
-            return _verdicts[key]
-    verdict = _meta_schema_problem(schema) or xgrammar_unsupported(schema)
+        if key in cache:
+            return cache[key]
+    verdict = first() if first else None
     if verdict is None:
         # Loading the tokenizer and compiler happens once and is not the schema's cost: the
         # bound below covers the compile only (on a busy 2-core machine the load alone took >10 s).
-        _pool.submit(_grammar_compiler).result()
-        future = _pool.submit(_compile_problem, text)
+        _pool.submit(load).result()
+        future = _pool.submit(compile_problem, text)
         try:
             verdict = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
-            # Not cached: a later request may find the compiler less busy.
-            return f"the grammar engine (xgrammar) did not compile the schema within {timeout_s:g} s"
+            return f"the grammar engine ({engine}) did not compile the schema within {timeout_s:g} s"
     with _lock:
-        _verdicts[key] = verdict
+        cache[key] = verdict
     return verdict
 
 
@@ -384,20 +392,8 @@ def llguidance_problem(schema: Any, lenient: bool = False, timeout_s: float = CO
     """None if llguidance compiles the schema (lenient: ignoring keywords it cannot enforce)."""
     if lenient and isinstance(schema, dict):
         schema = {**schema, "x-guidance": LENIENT}
-    text = json.dumps(schema, sort_keys=True)
-    key = hashlib.sha256(text.encode()).hexdigest()
-    with _lock:
-        if key in _ll_verdicts:
-            return _ll_verdicts[key]
-    _pool.submit(_llguidance_tokenizer).result()
-    future = _pool.submit(_llguidance_problem_now, text)
-    try:
-        verdict = future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        return f"the grammar engine (llguidance) did not compile the schema within {timeout_s:g} s"
-    with _lock:
-        _ll_verdicts[key] = verdict
-    return verdict
+    return _bounded_verdict(_ll_verdicts, json.dumps(schema, sort_keys=True), "llguidance", _llguidance_tokenizer,
+                            _llguidance_problem_now, timeout_s)
 
 
 def _has_pattern_properties(schema: Any) -> bool:
