@@ -164,10 +164,9 @@ class DSparkMiddleware:
 
         plan = None
         if schema is not None and schema is not state.default_schema:
-            engines = state.plan.grammar_engines or ("xgrammar",)
             relax = os.environ.get(RELAX_ENV, "1") != "0"
             plan = await asyncio.get_running_loop().run_in_executor(
-                None, schema_check.plan_engine, schema, engines, bool(body.get("stream")), relax)
+                None, schema_check.plan_engine, schema, state.grammar_engines, bool(body.get("stream")), relax)
             if plan.problem:
                 state.count("rejected")
                 return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {plan.problem}",
@@ -201,7 +200,7 @@ class DSparkMiddleware:
         if violation and plan is not None:
             # One more attempt with the other engine (greedy decoding would repeat the same reply).
             other = await asyncio.get_running_loop().run_in_executor(
-                None, schema_check.second_plan, schema, plan, state.plan.grammar_engines or ("xgrammar",))
+                None, schema_check.second_plan, schema, plan, state.grammar_engines)
             if other is not None:
                 state.count("second_attempts")
                 logger.warning("reply failed the schema check (%s); second attempt with %s", violation, other.engine)

@@ -20,6 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import KnobError
 from gpustack_dspark.worker import request_limits
+# The annotation the engine's manager reads (and removes) to pick llguidance for a request.
+from gpustack_dspark.worker.drafting.engines import MARK as ENGINE_MARK
 
 COMPILE_TIMEOUT_S = 10.0
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:NN: ".
@@ -60,7 +62,6 @@ _compiler: Any = None
 _hf_tokenizer: Any = None
 _ll_tokenizer: Any = None
 _ll_verdicts = _Verdicts()
-ENGINE_MARK = "x-dspark-engine"  # read (and removed) by worker/drafting/engines.py in the engine
 LENIENT = {"lenient": True}  # llguidance: compile keywords it cannot enforce instead of refusing
 
 
@@ -135,12 +136,9 @@ def check_schema(schema: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[
             return f"the schema is not valid JSON: {e.msg}"
         except RecursionError:
             return f"the schema is nested more than {request_limits.MAX_SCHEMA_DEPTH} levels deep"
-    if not isinstance(schema, (dict, bool)):
-        return "a JSON Schema must be an object"
-    try:  # before any library that recurses or loops on them
-        request_limits.check_schema(schema)
-    except request_limits.LimitExceeded as e:
-        return str(e)
+    problem = _shape_problem(schema)
+    if problem:
+        return problem
     return _bounded_verdict(_verdicts, json.dumps(schema, sort_keys=True), "xgrammar", _grammar_compiler,
                             _compile_problem, timeout_s,
                             first=lambda: _meta_schema_problem(schema) or xgrammar_unsupported(schema))
@@ -170,15 +168,19 @@ def _bounded_verdict(cache: "_Verdicts", text: str, engine: str, load: Callable[
     return verdict
 
 
-def structural_problem(schema: Any) -> Optional[str]:
-    """What makes `schema` unusable by any engine (not JSON Schema, over the limits), or None."""
+def _shape_problem(schema: Any) -> Optional[str]:
     if not isinstance(schema, (dict, bool)):
         return "a JSON Schema must be an object"
-    try:
+    try:  # before any library that recurses or loops on them
         request_limits.check_schema(schema)
     except request_limits.LimitExceeded as e:
         return str(e)
-    return _meta_schema_problem(schema)
+    return None
+
+
+def structural_problem(schema: Any) -> Optional[str]:
+    """What makes `schema` unusable by any engine (not JSON Schema, over the limits), or None."""
+    return _shape_problem(schema) or _meta_schema_problem(schema)
 
 
 def _meta_schema_problem(schema: Any) -> Optional[str]:
@@ -421,9 +423,7 @@ def _frontend_takes_xgrammar(schema: Dict[str, Any]) -> bool:
         import xgrammar
 
         xgrammar.Grammar.from_json_schema(json.dumps(schema))
-    except ImportError:
-        return False
-    except Exception:
+    except Exception:  # not installed, or xgrammar cannot parse it
         return False
     return True
 
@@ -477,9 +477,9 @@ def plan_engine(schema: Any, engines: Sequence[str], stream: bool, relax: bool =
         if plan is not None:
             return plan
     if not stream and relax and unsupported is not None:
-        relaxed, dropped = relax_for_xgrammar(schema)
-        if dropped and check_schema(relaxed) is None:
-            return EnginePlan("xgrammar", relaxed, dropped)
+        plan = _relaxed_plan(schema)
+        if plan is not None:
+            return plan
     if dual and isinstance(schema, dict):
         other = llguidance_problem(schema)
         if other:
@@ -494,7 +494,13 @@ def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optio
     if first.engine == "llguidance":
         if check_schema(schema) is None:
             return EnginePlan("xgrammar", schema, [])
-        relaxed, dropped = relax_for_xgrammar(schema)
-        if dropped and check_schema(relaxed) is None:
-            return EnginePlan("xgrammar", relaxed, dropped)
+        return _relaxed_plan(schema)
+    return None
+
+
+def _relaxed_plan(schema: Any) -> Optional[EnginePlan]:
+    """xgrammar with what vLLM's xgrammar backend refuses dropped, when that compiles."""
+    relaxed, dropped = relax_for_xgrammar(schema)
+    if dropped and check_schema(relaxed) is None:
+        return EnginePlan("xgrammar", relaxed, dropped)
     return None

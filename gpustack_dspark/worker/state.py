@@ -55,6 +55,11 @@ class WorkerState:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
+    def grammar_engines(self) -> Tuple[str, ...]:
+        """The engines requests are planned for (a user's own structured-outputs config: xgrammar's rules)."""
+        return self.plan.grammar_engines or ("xgrammar",)
+
+    @property
     def json_default(self) -> bool:
         return self.plan.enabled and self.plan.grammar_mode == "json"
 

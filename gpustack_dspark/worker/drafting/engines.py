@@ -91,7 +91,7 @@ def _manager_class(base):
                                                   vocab_size=self.vllm_config.model_config.get_vocab_size())
                         backend.disable_any_whitespace = True
                         ours = backend.allocate_token_bitmask(1).shape[-1]
-                        primary = (self.backend or self._dspark_primary()).allocate_token_bitmask(1).shape[-1]
+                        primary = self.backend.allocate_token_bitmask(1).shape[-1]  # set by grammar_init
                         if ours != primary:
                             raise ValueError(f"bitmask width {ours} words, xgrammar's is {primary}")
                         self._dspark_guidance_backend = backend
@@ -117,14 +117,12 @@ def _manager_class(base):
             if engine == XGRAMMAR and marked is None:
                 return super()._create_grammar(request)
             try:
-                backend = self._dspark_guidance() if engine == LLGUIDANCE else (self.backend or self._dspark_primary())
+                backend = self._dspark_guidance() if engine == LLGUIDANCE else self.backend
                 grammar = backend.compile_grammar(
                     request_type, spec, stop_token_ids=params.all_stop_token_ids if params is not None else None)
             except Exception:
                 logger.exception("Failed to compile grammar for request %s with %s", request.request_id, engine)
                 raise
-            if engine == LLGUIDANCE:
-                self.dspark_engine_counts[LLGUIDANCE] += 1
             return grammar
 
     DualEngineManager.__qualname__ = DualEngineManager.__name__ = "DualEngineManager"
@@ -145,7 +143,6 @@ def install(manager) -> None:
     manager._dspark_lock = threading.Lock()
     manager._dspark_guidance_backend = None
     manager._dspark_guidance_problem = None
-    manager.dspark_engine_counts = {XGRAMMAR: 0, LLGUIDANCE: 0}
     manager.__class__ = cls
 
 

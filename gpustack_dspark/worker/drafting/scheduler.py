@@ -19,7 +19,6 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
 from gpustack_dspark.worker.drafting import budget_step, draft_builder, engines
-from gpustack_dspark.worker.drafting.engines import XgrammarWalker  # noqa: F401 (its old home)
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
