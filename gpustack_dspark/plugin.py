@@ -144,6 +144,8 @@ class DSparkPlugin(Plugin):
             self.features.disable(FEATURE_GATEWAY_ROUTES, "routing is off: " + reason)
             return
         self.features.enable(FEATURE_ROUTING, hooks=list(self.routing.hooks))
+        if self.routing.policy.proxy.gc_freeze:
+            self._tasks.append(self.routing.gc_freeze_task)
         if not self.routing.policy.gateway.least_load:
             self.features.disable(FEATURE_GATEWAY_ROUTES, "turned off by gateway.least_load=false in the routing policy")
             return

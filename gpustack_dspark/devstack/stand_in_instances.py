@@ -31,8 +31,10 @@ def ensure_stand_in_backend(api: GPUStackAPI) -> None:
 
 def create_stand_in_model(api: GPUStackAPI, name: str, backend: str, backend_version: str, cluster_id: int,
                           worker: Dict[str, Any], ports: List[int], model_dir: Path,
-                          timeout_s: float = 60) -> Dict[str, Any]:
-    """A model whose instances run on `worker` at `ports` (one instance per port)."""
+                          timeout_s: float = 60, running: Optional[int] = None) -> Dict[str, Any]:
+    """A model whose instances run on `worker` at `ports` (one instance per port); only the
+    first `running` of them are set RUNNING (default all; the rest stay pending until
+    `set_running`)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
     model = api.post("/v2/models", {
@@ -50,7 +52,7 @@ def create_stand_in_model(api: GPUStackAPI, name: str, backend: str, backend_ver
         time.sleep(0.5)
     else:
         raise TimeoutError(f"model {name}: {len(instances)} of {len(ports)} instances after {timeout_s}s")
-    for instance, port in zip(sorted(instances, key=lambda i: i["id"]), ports):
+    for instance, port in list(zip(sorted(instances, key=lambda i: i["id"]), ports))[:running]:
         set_running(api, instance, worker, port)
     return model
 

@@ -11,6 +11,8 @@ check counts a JSON replica that answers invalid JSON.
 
 Latency model: `base_s * slowdown`, stretched by `max(1, in_flight / capacity)` when a
 capacity is set — a replica's time grows with its own load, as a batching engine's does.
+A request's `metadata.work` (default 1) scales its time, its `usage.completion_tokens`
+(`TOKENS_PER_WORK` per unit) and its number of SSE chunks, as a longer answer would.
 """
 
 import asyncio
@@ -28,6 +30,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 
+TOKENS_PER_WORK = 16
 BROKEN_JSON = '{"user_id": 7, "action": "buy", "amount": '  # cut off: not JSON
 
 
@@ -87,8 +90,12 @@ class StandInReplica:
         self._thread: Optional[threading.Thread] = None
 
     # ---- app ----
+    @staticmethod
+    def _work(body: dict) -> float:
+        return float((body.get("metadata") or {}).get("work", 1.0)) if isinstance(body.get("metadata"), dict) else 1.0
+
     def _delay(self, body: dict) -> float:
-        scale = float((body.get("metadata") or {}).get("work", 1.0)) if isinstance(body.get("metadata"), dict) else 1.0
+        scale = self._work(body)
         load = max(1.0, self.stats.in_flight / self.capacity) if self.capacity else 1.0
         return self.base_s * self.slowdown * scale * load + self.stall_s
 
@@ -113,7 +120,7 @@ class StandInReplica:
             if not body.get("stream"):
                 await asyncio.sleep(self._delay(body))
                 self.stats.served += 1
-                return JSONResponse(self._completion(model))
+                return JSONResponse(self._completion(model, self._work(body)))
             counted = False  # the stream generator owns the count from here
             return StreamingResponse(self._stream(model, body), media_type="text/event-stream")
         finally:
@@ -122,13 +129,14 @@ class StandInReplica:
 
     async def _stream(self, model: str, body: dict):
         try:
-            per_chunk = self._delay(body) / max(1, self.chunks)
-            pieces = _split(self.reply_content, self.chunks) if self.reply_content is not None else None
-            for index in range(self.chunks):
+            chunks = max(1, round(self.chunks * self._work(body)))
+            per_chunk = self._delay(body) / chunks
+            pieces = _split(self.reply_content, chunks) if self.reply_content is not None else None
+            for index in range(chunks):
                 if self.break_stream_after is not None and index >= self.break_stream_after:
                     raise ConnectionAbortedError(f"stand-in replica {self.name} broke the stream")
                 await asyncio.sleep(per_chunk)
-                last = index == self.chunks - 1
+                last = index == chunks - 1
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
                          "choices": [{"index": 0, "delta": {"content": pieces[index] if pieces else f"{index} "},
                                       "finish_reason": "stop" if last and pieces else None}]}
@@ -138,12 +146,13 @@ class StandInReplica:
         finally:
             self.stats.leave()
 
-    def _completion(self, model: str) -> dict:
+    def _completion(self, model: str, work: float = 1.0) -> dict:
+        tokens = max(1, round(TOKENS_PER_WORK * work))
         return {"id": "x", "object": "chat.completion", "created": int(time.time()), "model": model,
                 "replica": self.name,
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": self.reply_content or "{\"ok\": true}"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": 1 + tokens}}
 
     def _app(self) -> Starlette:
         async def health(_request):

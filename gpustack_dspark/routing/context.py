@@ -21,6 +21,11 @@ class RequestSlot:
     retried: bool = False
     model: Optional[str] = None  # the request's model name (format-check metrics)
     schema: Any = None  # the JSON schema the request asked for, if any
+    chosen_at: float = 0.0  # monotonic time the current instance was chosen
+    output_tokens: Optional[int] = None  # of the answer, as the proxy saw it
+    status: Optional[int] = None  # the HTTP status sent to the client
+    completed: bool = False  # the response's last body part was sent
+    broken: bool = False  # a stream that ended before [DONE]
 
 
 _current: ContextVar[Optional[RequestSlot]] = ContextVar("dspark_routing_slot", default=None)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from gpustack_dspark.observe.gc_pauses import GcPauses
 from gpustack_dspark.routing import gateway_sync, metrics
 from gpustack_dspark.routing.format_middleware import FormatCheckMiddleware, FormatStats
 from gpustack_dspark.routing.gpustack_patches import RoutingStats, apply_routing_hooks, release_slot
@@ -50,6 +51,7 @@ class RoutingFeature:
         self.policy_source = "built-in defaults"
         self.hooks: List[str] = []
         self.gateway_last: Dict[str, Any] = {"passes": 0, "changed_routes": [], "error": None}
+        self.gc = GcPauses()
 
     def start(self, app, policy_dir: Optional[str] = None) -> None:
         """Raises PolicyError / RuntimeError with the reason routing stays stock."""
@@ -63,6 +65,7 @@ class RoutingFeature:
         if not result.applied:
             raise RuntimeError(result.reason)
         self.hooks = result.hooks
+        self.gc.install()
         # Added first = inner: the format check runs inside the slot the in-flight middleware opens.
         app.add_middleware(FormatCheckMiddleware, stats=self.format_stats)
         app.add_middleware(InFlightMiddleware, release=lambda slot: release_slot(self.tracker, slot))
@@ -71,6 +74,10 @@ class RoutingFeature:
                              self.format_stats.snapshot)
         except Exception as e:  # metrics are a view; routing works without them
             logger.warning("DSpark routing metrics not registered: %s", e)
+
+    async def gc_freeze_task(self) -> None:
+        """`proxy.gc_freeze: true`: freeze what startup left alive (see observe/gc_pauses.py)."""
+        await self.gc.freeze_after_startup()
 
     def start_gateway(self) -> None:
         gateway_sync.register_marker_owner()
@@ -98,15 +105,20 @@ class RoutingFeature:
             "policy_source": self.policy_source,
             "policy": self.policy.model_dump(mode="json") if self.policy else None,
             "hooks": list(self.hooks),
+            "balance": self.policy.proxy.balance.value if self.policy else None,
             "in_flight": {str(k): v for k, v in instances.items()},
             "in_flight_total": self.tracker.total(),
+            "slow_start": {"ramping": {str(k): v for k, v in self.tracker.ramping().items()},
+                           "ramps_started": self.tracker.slow_start.ramps_started},
+            "tables": self.tracker.sizes(),
             "unmatched_releases": self.tracker.unmatched_releases,
             "decisions": dict(self.stats.decisions),
             "retries": dict(self.stats.retries),
             "replica_statuses": dict(self.stats.statuses),
             "gateway": dict(self.gateway_last),
+            "gc": {"freeze": bool(self.policy and self.policy.proxy.gc_freeze), **self.gc.snapshot()},
             "json_format_checks": self.format_stats.totals(),
-            "metrics": [metrics.IN_FLIGHT, metrics.DECISIONS + "_total", metrics.RETRIES + "_total",
+            "metrics": [metrics.IN_FLIGHT, metrics.WEIGHT, metrics.SERVICE_TIME, metrics.DECISIONS + "_total", metrics.RETRIES + "_total",
                         metrics.JSON_CHECKED + "_total", metrics.JSON_FORMAT_ERRORS + "_total"],
         }
 

@@ -4,7 +4,8 @@ GPUStack 2.3's `/v1` handler (`proxy_request_by_model`) resolves the route's tar
 picks one by weight, picks an instance with `load_balancer`, and sends the request to
 the instance's worker once. The hooks, all on that module only:
 
-- `load_balancer.set_strategy(...)`: GPUStack's own seam; least in-flight, ties round-robin.
+- `load_balancer.set_strategy(...)`: GPUStack's own seam; the policy's balance (expected
+  finish time, least in-flight or round-robin; ties round-robin) with slow start.
 - `parse_request_body`: wrapped to note the request's JSON intent in the routing slot.
 - `ModelRouteService`: a subclass whose `resolve_route_targets` keeps the JSON pool or the
   general pool of a route's active targets (GPUStack's weights then split the pool).
@@ -17,13 +18,15 @@ the instance's worker once. The hooks, all on that module only:
   (see `upstream_status.py`); streamed, `_stream_response` gives such an answer its JSON
   content type.
 
-Each hook checks the GPUStack version and the exact shape of what it wraps; on any
+Each hook is its own unit below (a factory taking what it wraps and a `_Context`);
+`apply_routing_hooks` checks, builds and installs them. Each hook checks the GPUStack version and the exact shape of what it wraps; on any
 mismatch nothing is applied and the reason is returned, and GPUStack proxies as it
 always did. Everything acts only inside a request slot set by `middleware.py`.
 """
 
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -31,6 +34,7 @@ from gpustack_dspark import backend
 from gpustack_dspark.routing import retry, stream_end, targets, upstream_status
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
+from gpustack_dspark.routing.speed import LEAST_CONNECTIONS, ROUND_ROBIN
 from gpustack_dspark.routing.intent import has_json_intent, requested_schema
 from gpustack_dspark.routing.policy import RoutingPolicy
 from gpustack_dspark.versions import check_gpustack
@@ -88,24 +92,44 @@ def _shape_problem(name: str, function: Callable) -> Optional[str]:
 
 
 def release_slot(tracker: InFlightTracker, slot: RequestSlot) -> None:
+    """The request is over: drop its count, and when its answer went out whole and
+    successful, feed the time from choice to last byte to the instance's estimate."""
     if slot.instance_id is not None:
+        if slot.completed and not slot.broken and slot.status is not None and slot.status < 400:
+            tracker.record(slot.instance_id, time.monotonic() - slot.chosen_at, slot.output_tokens or 1)
         tracker.release(slot.instance_id)
         slot.instance_id = None
 
 
 def _take(tracker: InFlightTracker, slot: RequestSlot, instance) -> None:
     """Move the slot's count onto `instance` (a retry moves it, never doubles it)."""
-    release_slot(tracker, slot)
+    if slot.instance_id is not None:
+        tracker.release(slot.instance_id)
     tracker.acquire(instance.id, getattr(instance, "model_id", None))
     slot.instance_id = instance.id
+    slot.chosen_at = time.monotonic()
     slot.tried.add(instance.id)
 
 
-def make_strategy(base_class, tracker: InFlightTracker, least_connections: bool = True):
-    class LeastConnectionsStrategy(base_class):
-        """Fewest in-flight requests first (counted by the plugin's middleware), ties
-        round-robin per model; counts only inside a request slot. With
-        `least_connections=False` it is plain round-robin that still counts, so the
+@dataclass
+class _Context:
+    """What the hooks share: the policy, the tracker, the counters and GPUStack's symbols."""
+
+    policy: RoutingPolicy
+    tracker: InFlightTracker
+    stats: RoutingStats
+    gs: Dict[str, Any]  # GPUStack symbols imported once by apply_routing_hooks
+
+    @property
+    def mode(self) -> str:
+        return self.policy.proxy.balance.value
+
+
+def make_strategy(base_class, tracker: InFlightTracker, mode: str = LEAST_CONNECTIONS):
+    class BalancingStrategy(base_class):
+        """GPUStack's load-balancing strategy: the policy's balance over in-flight requests
+        counted by the plugin's middleware (ties round-robin per model), weighted by slow
+        start; counts only inside a request slot. `round_robin` still counts, so the
         in-flight figures stay visible when the policy turns the choice off."""
 
         async def select_instance(self, instances):
@@ -114,81 +138,21 @@ def make_strategy(base_class, tracker: InFlightTracker, least_connections: bool 
             slot = current_slot()
             by_id = {instance.id: instance for instance in instances}
             group = instances[0].model_id
-            chosen = by_id[tracker.choose(group, list(by_id), least=least_connections)]
+            tracker.see(group, [(i.id, getattr(i, "restart_count", None)) for i in instances])
+            chosen = by_id[tracker.choose(group, list(by_id), mode)]
             if slot is not None:
                 slot.candidates = list(instances)
                 _take(tracker, slot, chosen)
             return chosen
 
-    return LeastConnectionsStrategy
+    return BalancingStrategy
 
 
-def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: RoutingStats) -> RoutingHooks:
-    version = check_gpustack()
-    if not version.ok:
-        return RoutingHooks(False, version.reason)
-    try:
-        from gpustack.api.exceptions import BadRequestException
-        from gpustack.gateway.utils import model_instance_prefix, router_header_key
-        from gpustack.http_proxy.strategies import LoadBalancingStrategy
-        from gpustack.routes import openai
-        from gpustack.server.db import async_session
-        from gpustack.server.services import ModelService, WorkerService
-    except ImportError as e:
-        return RoutingHooks(False, f"GPUStack's proxy is not importable: {e}")
-
-    if getattr(openai, _MARK, None):
-        return RoutingHooks(True, hooks=list(getattr(openai, _MARK)))
-    balancer = getattr(openai, "load_balancer", None)
-    route_service = getattr(openai, "ModelRouteService", None)
-    for name, present in (("load_balancer", balancer), ("ModelRouteService", route_service),
-                          ("parse_request_body", getattr(openai, "parse_request_body", None)),
-                          ("request_to_worker", getattr(openai, "request_to_worker", None)),
-                          ("get_running_instance", getattr(openai, "get_running_instance", None))):
-        if present is None:
-            return RoutingHooks(False, f"gpustack.routes.openai.{name} is missing")
-    if not callable(getattr(balancer, "set_strategy", None)):
-        return RoutingHooks(False, "gpustack.routes.openai.load_balancer has no set_strategy()")
-    problem = (
-        _shape_problem("parse_request_body", openai.parse_request_body)
-        or _shape_problem("request_to_worker", openai.request_to_worker)
-        or _shape_problem("get_running_instance", openai.get_running_instance)
-        or _shape_problem("resolve_route_targets", route_service.resolve_route_targets)
-        or _shape_problem("select_instance", LoadBalancingStrategy.select_instance)
-        or _shape_problem("_stream_response", getattr(openai, "_stream_response", None) or (lambda: None))
-    )
-    if problem:
-        return RoutingHooks(False, problem)
-
-    applied: List[str] = []
-    original_parse = openai.parse_request_body
-    original_stream = openai._stream_response
-
-    async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
-        state = stream_end.StreamWatch()
-        status = 200
-        first = True
-        async for chunk, resp_headers, resp_status in original_stream(
-                worker, method, path, headers, data, proxy_client, no_proxy_client):
-            status = resp_status
-            if first and resp_status >= 400 and policy.proxy.pass_replica_status:
-                body = chunk if isinstance(chunk, bytes) else str(chunk).encode()
-                if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
-                    # The replica refused before streaming: its status and JSON error body, with
-                    # only its content type (the worker's framing headers do not apply here).
-                    stats.count_status(upstream_status.count_key(resp_status, body))
-                    resp_headers = {"content-type": "application/json"}
-            first = False
-            state.see(chunk)
-            yield chunk, resp_headers, resp_status
-        if status < 400 and state.truncated():
-            stats.retries["broken_streams"] = stats.retries.get("broken_streams", 0) + 1
-            logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
-            yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
-    original_request = openai.request_to_worker
+def parse_request_body_hook(original: Callable) -> Callable:
+    """Note the request's JSON intent, stream flag, model and schema in the slot."""
 
     async def parse_request_body(request):
-        parsed = await original_parse(request)
+        parsed = await original(request)
         slot = current_slot()
         if slot is not None:
             model_name, stream, body_json, _form = parsed
@@ -198,7 +162,50 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
             slot.schema = requested_schema(body_json) if slot.json_intent else None
         return parsed
 
-    class JsonAwareModelRouteService(route_service):
+    return parse_request_body
+
+
+def stream_response_hook(original: Callable, ctx: _Context) -> Callable:
+    """A stream that stops before `data: [DONE]` without an error event gets one; a
+    replica's refusal before streaming keeps its status with a JSON content type; the
+    stream's output tokens go to the slot."""
+
+    async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
+        state = stream_end.StreamWatch()
+        status = 200
+        first = True
+        async for chunk, resp_headers, resp_status in original(
+                worker, method, path, headers, data, proxy_client, no_proxy_client):
+            status = resp_status
+            if first and resp_status >= 400 and ctx.policy.proxy.pass_replica_status:
+                body = chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
+                    # The replica refused before streaming: its status and JSON error body, with
+                    # only its content type (the worker's framing headers do not apply here).
+                    ctx.stats.count_status(upstream_status.count_key(resp_status, body))
+                    resp_headers = {"content-type": "application/json"}
+            first = False
+            state.see(chunk)
+            yield chunk, resp_headers, resp_status
+        slot = current_slot()
+        if slot is not None:
+            slot.output_tokens = state.output_tokens()
+        if status < 400 and state.truncated():
+            if slot is not None:
+                slot.broken = True
+            ctx.stats.retries["broken_streams"] = ctx.stats.retries.get("broken_streams", 0) + 1
+            logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
+            yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
+
+    return _stream_response
+
+
+def route_service_hook(base_class, ctx: _Context):
+    """Keep the JSON pool or the general pool of a route's active targets."""
+    model_service = ctx.gs["ModelService"]
+    bad_request = ctx.gs["BadRequestException"]
+
+    class JsonAwareModelRouteService(base_class):
         async def resolve_route_targets(self, name):
             resolved = await super().resolve_route_targets(name)
             slot = current_slot()
@@ -206,61 +213,38 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
                 return resolved
             json_models = set()
             for target in resolved:
-                model = await ModelService(self.session).get_by_id(target.model_id) if target.model_id else None
+                model = await model_service(self.session).get_by_id(target.model_id) if target.model_id else None
                 if model is not None and model.backend == backend.BACKEND_NAME:
                     json_models.add(target.model_id)
             choice = targets.choose_targets(resolved, lambda t: t.model_id in json_models, slot.json_intent,
-                                            policy.json_only_without_json_intent)
+                                            ctx.policy.json_only_without_json_intent)
             slot.decision = choice.decision
-            stats.decided(choice.decision)
+            ctx.stats.decided(choice.decision)
             if choice.decision == targets.REFUSED:
-                raise BadRequestException(message=targets.refusal_message(name), is_openai_exception=True)
+                raise bad_request(message=targets.refusal_message(name), is_openai_exception=True)
             return choice.targets
 
-    async def request_to_worker(worker, method, path, proxy_client=None, no_proxy_client=None, params=None,
-                                data=None, headers=None, timeout=None, raise_on_error=True):
-        slot = current_slot()
-        call = dict(method=method, path=path, proxy_client=proxy_client, no_proxy_client=no_proxy_client,
-                    params=params, data=data, timeout=timeout)
-        if slot is None or slot.stream or not isinstance(data, (bytes, type(None))):
-            return await original_request(worker, headers=headers, raise_on_error=raise_on_error, **call)
-        may_retry = policy.proxy.retry_once and not slot.retried
-        try:
-            resp, body = await original_request(worker, headers=headers, raise_on_error=False, **call)
-        except Exception as e:
-            if not (may_retry and retry.retryable_exception(e)):
-                raise
-            first_failure: Any = e
-        else:
-            if resp.status < 400 or not (may_retry and retry.retryable_answer(resp.status, body)):
-                return _answer(worker, method, path, resp, body, raise_on_error)
-            first_failure = None
-        others = [i for i in slot.candidates if i.id not in slot.tried]
-        if not others:
-            stats.retries["no_other_instance"] += 1
-            if first_failure is not None:
-                raise first_failure
-            return _answer(worker, method, path, resp, body, raise_on_error)
-        slot.retried = True
-        stats.retries["retried"] += 1
-        by_id = {i.id: i for i in others}
-        instance = by_id[tracker.choose(others[0].model_id, list(by_id), least=policy.proxy.least_connections)]
-        _take(tracker, slot, instance)
-        logger.info("retrying a request on instance %s after instance %s received nothing",
-                    instance.id, sorted(slot.tried - {instance.id}))
-        next_worker = worker
-        if instance.worker_id != worker.id:
-            async with async_session() as session:
-                next_worker = await WorkerService(session).get_by_id(instance.worker_id) or worker
-        retry_headers = dict(headers or {})
-        retry_headers[router_header_key] = f"{model_instance_prefix(instance)}.static"
-        resp, body = await original_request(next_worker, headers=retry_headers, raise_on_error=False, **call)
-        return _answer(next_worker, method, path, resp, body, raise_on_error)
+    return JsonAwareModelRouteService
 
-    def _answer(worker, method, path, resp, body, raise_on_error):
+
+def _worker_error(worker, method, path, status, body):
+    import aiohttp
+
+    text = (body or b"").decode("utf-8", "replace")
+    return aiohttp.ClientError(f"Worker request failed: {worker.id} {method} {path} status={status}, error={text}")
+
+
+def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
+    """Non-streamed: retry once on another instance when the first received nothing
+    (`retry.py`), pass a replica's own error answer through (`upstream_status.py`), and
+    note the answer's output tokens in the slot."""
+    policy, tracker, stats = ctx.policy, ctx.tracker, ctx.stats
+
+    def answer(slot, worker, method, path, resp, body, raise_on_error):
         """A replica's own error answer goes back as it is (with its status and OpenAI error
         body); the worker's own answers (replica unreachable, timed out) keep GPUStack's 503."""
         if resp.status < 400:
+            slot.output_tokens = stream_end.completion_tokens(body)
             return resp, body
         if policy.proxy.pass_replica_status and upstream_status.classify(resp.status, body) == upstream_status.REPLICA:
             stats.count_status(upstream_status.count_key(resp.status, body))
@@ -269,30 +253,127 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
             raise _worker_error(worker, method, path, resp.status, body)
         return resp, body
 
-    def _worker_error(worker, method, path, status, body):
-        import aiohttp
+    async def retry_elsewhere(slot, worker, headers, call):
+        others = [i for i in slot.candidates if i.id not in slot.tried]
+        if not others:
+            return None
+        slot.retried = True
+        stats.retries["retried"] += 1
+        by_id = {i.id: i for i in others}
+        instance = by_id[tracker.choose(others[0].model_id, list(by_id), ctx.mode)]
+        _take(tracker, slot, instance)
+        logger.info("retrying a request on instance %s after instance %s received nothing",
+                    instance.id, sorted(slot.tried - {instance.id}))
+        next_worker = worker
+        if instance.worker_id != worker.id:
+            async with ctx.gs["async_session"]() as session:
+                next_worker = await ctx.gs["WorkerService"](session).get_by_id(instance.worker_id) or worker
+        retry_headers = dict(headers or {})
+        retry_headers[ctx.gs["router_header_key"]] = f"{ctx.gs['model_instance_prefix'](instance)}.static"
+        resp, body = await original(next_worker, headers=retry_headers, raise_on_error=False, **call)
+        return next_worker, resp, body
 
-        text = (body or b"").decode("utf-8", "replace")
-        return aiohttp.ClientError(f"Worker request failed: {worker.id} {method} {path} status={status}, error={text}")
+    async def request_to_worker(worker, method, path, proxy_client=None, no_proxy_client=None, params=None,
+                                data=None, headers=None, timeout=None, raise_on_error=True):
+        slot = current_slot()
+        call = dict(method=method, path=path, proxy_client=proxy_client, no_proxy_client=no_proxy_client,
+                    params=params, data=data, timeout=timeout)
+        if slot is None or slot.stream or not isinstance(data, (bytes, type(None))):
+            return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
+        may_retry = policy.proxy.retry_once and not slot.retried
+        first_failure: Any = None
+        try:
+            resp, body = await original(worker, headers=headers, raise_on_error=False, **call)
+        except Exception as e:
+            if not (may_retry and retry.retryable_exception(e)):
+                raise
+            first_failure = e
+        else:
+            if resp.status < 400 or not (may_retry and retry.retryable_answer(resp.status, body)):
+                return answer(slot, worker, method, path, resp, body, raise_on_error)
+        retried = await retry_elsewhere(slot, worker, headers, call)
+        if retried is None:
+            stats.retries["no_other_instance"] += 1
+            if first_failure is not None:
+                raise first_failure
+            return answer(slot, worker, method, path, resp, body, raise_on_error)
+        next_worker, resp, body = retried
+        return answer(slot, next_worker, method, path, resp, body, raise_on_error)
 
-    balancer.set_strategy(make_strategy(LoadBalancingStrategy, tracker, policy.proxy.least_connections)())
-    applied.append("least_connections" if policy.proxy.least_connections else "round_robin_counted")
-    openai.parse_request_body = parse_request_body
+    return request_to_worker
+
+
+def _import_gpustack() -> Dict[str, Any]:
+    from gpustack.api.exceptions import BadRequestException
+    from gpustack.gateway.utils import model_instance_prefix, router_header_key
+    from gpustack.http_proxy.strategies import LoadBalancingStrategy
+    from gpustack.routes import openai
+    from gpustack.server.db import async_session
+    from gpustack.server.services import ModelService, WorkerService
+
+    return dict(BadRequestException=BadRequestException, model_instance_prefix=model_instance_prefix,
+                router_header_key=router_header_key, LoadBalancingStrategy=LoadBalancingStrategy, openai=openai,
+                async_session=async_session, ModelService=ModelService, WorkerService=WorkerService)
+
+
+def _check_shapes(openai, strategy_base) -> Optional[str]:
+    balancer = getattr(openai, "load_balancer", None)
+    route_service = getattr(openai, "ModelRouteService", None)
+    for name, present in (("load_balancer", balancer), ("ModelRouteService", route_service),
+                          ("parse_request_body", getattr(openai, "parse_request_body", None)),
+                          ("request_to_worker", getattr(openai, "request_to_worker", None)),
+                          ("get_running_instance", getattr(openai, "get_running_instance", None))):
+        if present is None:
+            return f"gpustack.routes.openai.{name} is missing"
+    if not callable(getattr(balancer, "set_strategy", None)):
+        return "gpustack.routes.openai.load_balancer has no set_strategy()"
+    return (
+        _shape_problem("parse_request_body", openai.parse_request_body)
+        or _shape_problem("request_to_worker", openai.request_to_worker)
+        or _shape_problem("get_running_instance", openai.get_running_instance)
+        or _shape_problem("resolve_route_targets", route_service.resolve_route_targets)
+        or _shape_problem("select_instance", strategy_base.select_instance)
+        or _shape_problem("_stream_response", getattr(openai, "_stream_response", None) or (lambda: None))
+    )
+
+
+def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: RoutingStats) -> RoutingHooks:
+    version = check_gpustack()
+    if not version.ok:
+        return RoutingHooks(False, version.reason)
+    try:
+        gs = _import_gpustack()
+    except ImportError as e:
+        return RoutingHooks(False, f"GPUStack's proxy is not importable: {e}")
+    openai = gs["openai"]
+    if getattr(openai, _MARK, None):
+        return RoutingHooks(True, hooks=list(getattr(openai, _MARK)))
+    problem = _check_shapes(openai, gs["LoadBalancingStrategy"])
+    if problem:
+        return RoutingHooks(False, problem)
+
+    ctx = _Context(policy, tracker, stats, gs)
+    tracker.configure(policy.proxy.slow_start.config())
+    originals = {"parse_request_body": openai.parse_request_body, "request_to_worker": openai.request_to_worker,
+                 "_stream_response": openai._stream_response, "ModelRouteService": openai.ModelRouteService}
+    applied: List[str] = []
+    openai.load_balancer.set_strategy(make_strategy(gs["LoadBalancingStrategy"], tracker, ctx.mode)())
+    applied.append(ctx.mode if ctx.mode != ROUND_ROBIN else "round_robin_counted")
+    if ctx.mode != ROUND_ROBIN and policy.proxy.slow_start.ramp_s > 0:
+        applied.append("slow_start")
+    openai.parse_request_body = parse_request_body_hook(originals["parse_request_body"])
     applied.append("json_intent")
     if policy.proxy.json_aware:
-        openai.ModelRouteService = JsonAwareModelRouteService
+        openai.ModelRouteService = route_service_hook(originals["ModelRouteService"], ctx)
         applied.append("json_aware_targets")
-    openai._stream_response = _stream_response
+    openai._stream_response = stream_response_hook(originals["_stream_response"], ctx)
     applied.append("stream_end_event")
-    if policy.proxy.retry_once or policy.proxy.pass_replica_status:
-        openai.request_to_worker = request_to_worker
-        applied += [name for name, on in (("retry_once", policy.proxy.retry_once),
-                                          ("replica_status", policy.proxy.pass_replica_status)) if on]
+    # Always wrapped: it also reads the answers' output tokens (the service-time estimate);
+    # with retry_once and pass_replica_status off it only does that.
+    openai.request_to_worker = request_to_worker_hook(originals["request_to_worker"], ctx)
+    applied += [name for name, on in (("retry_once", policy.proxy.retry_once),
+                                      ("replica_status", policy.proxy.pass_replica_status)) if on]
     setattr(openai, _MARK, tuple(applied))
-    setattr(openai, "_dspark_routing_originals", {
-        "parse_request_body": original_parse, "request_to_worker": original_request,
-        "_stream_response": original_stream,
-        "ModelRouteService": route_service,
-    })
+    setattr(openai, "_dspark_routing_originals", originals)
     logger.info("DSpark routing hooks applied to GPUStack's proxy: %s", ", ".join(applied))
     return RoutingHooks(True, hooks=applied)

@@ -5,6 +5,10 @@ default registry, so registering here is all it takes. Names:
 
 - `dspark_routing_in_flight_requests{instance_id, model_id}` gauge: requests a model
   instance is serving now, as counted by the plugin's proxy middleware.
+- `dspark_routing_instance_weight{instance_id, model_id}` gauge: the instance's slow-start
+  weight (1 = full share; below 1 while it ramps in after turning RUNNING).
+- `dspark_routing_seconds_per_token{instance_id, model_id}` gauge: the live estimate of the
+  instance's service time per output token that expected-finish-time balancing uses.
 - `dspark_routing_decisions_total{decision}` counter: JSON-aware target choices;
   decision is json / general / json_only / refused / unchanged.
 - `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
@@ -24,6 +28,8 @@ from gpustack_dspark.routing.inflight import InFlightTracker
 logger = logging.getLogger(__name__)
 
 IN_FLIGHT = "dspark_routing_in_flight_requests"
+WEIGHT = "dspark_routing_instance_weight"
+SERVICE_TIME = "dspark_routing_seconds_per_token"
 DECISIONS = "dspark_routing_decisions"
 RETRIES = "dspark_routing_retries"
 JSON_CHECKED = "dspark_json_responses_checked"
@@ -47,9 +53,19 @@ class RoutingCollector:
 
         in_flight = GaugeMetricFamily(IN_FLIGHT, "In-flight requests per model instance (DSpark routing)",
                                       labels=["instance_id", "model_id"])
+        weight = GaugeMetricFamily(WEIGHT, "Slow-start weight per model instance (1 = full share)",
+                                   labels=["instance_id", "model_id"])
+        service = GaugeMetricFamily(SERVICE_TIME, "Estimated seconds per output token per model instance",
+                                    labels=["instance_id", "model_id"])
         for instance_id, entry in self.tracker.snapshot().items():
-            in_flight.add_metric([str(instance_id), str(entry["model_id"] or "")], entry["in_flight"])
+            labels = [str(instance_id), str(entry["model_id"] or "")]
+            in_flight.add_metric(labels, entry["in_flight"])
+            weight.add_metric(labels, entry["weight"])
+            if entry["seconds_per_token"] is not None:
+                service.add_metric(labels, entry["seconds_per_token"])
         yield in_flight
+        yield weight
+        yield service
         decisions = CounterMetricFamily(DECISIONS, "JSON-aware routing decisions", labels=["decision"])
         for decision, count in sorted(self.decisions().items()):
             decisions.add_metric([decision], count)

@@ -1,5 +1,6 @@
 """ASGI middleware: one routing slot per inference request, released when the response
-is over — its last byte sent, the client gone, an error or a cancellation.
+is over — its last byte sent, the client gone, an error or a cancellation. The slot
+notes the status and whether the answer was sent whole (the service-time estimate's input).
 
 Pure ASGI (not BaseHTTPMiddleware) so the request runs in this coroutine: `finally` is
 reached exactly once however the response ends, and the context variable set here is
@@ -24,8 +25,19 @@ class InFlightMiddleware:
             await self.app(scope, receive, send)
             return
         slot, token = enter_slot()
+
+        async def watched_send(message):
+            # What the client got: the status, and whether the last body part went out
+            # (only a complete successful answer feeds the instance's service-time estimate).
+            kind = message.get("type")
+            if kind == "http.response.start":
+                slot.status = message.get("status")
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                slot.completed = True
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, watched_send)
         finally:
             try:
                 self.release(slot)

@@ -4,9 +4,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpustack_dspark.policy_file import PolicyError, read_policy_yaml, validate
+from gpustack_dspark.routing import speed
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[2] / "policies" / "routing.yaml"
 
@@ -21,12 +22,45 @@ class GatewaySessionAffinity(str, Enum):
     KEEP = "keep"  # never touch it
 
 
+class Balance(str, Enum):
+    EXPECTED_FINISH_TIME = speed.EXPECTED_FINISH_TIME  # lowest seconds-per-token x (in-flight + 1)
+    LEAST_CONNECTIONS = speed.LEAST_CONNECTIONS  # fewest in flight
+    ROUND_ROBIN = speed.ROUND_ROBIN  # GPUStack's own order (in flight still counted)
+
+
+class SlowStartPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ramp_s: float = Field(30.0, ge=0, le=3600)  # 0: no slow start
+    min_weight: float = Field(0.1, gt=0, le=1)
+    aggression: float = Field(1.0, gt=0, le=10)
+
+    def config(self) -> speed.SlowStartConfig:
+        return speed.SlowStartConfig(self.ramp_s, self.min_weight, self.aggression)
+
+
 class ProxyPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    least_connections: bool = True
+    balance: Balance = Balance.EXPECTED_FINISH_TIME
+    slow_start: SlowStartPolicy = SlowStartPolicy()
     json_aware: bool = True
     retry_once: bool = True
     pass_replica_status: bool = True
+    gc_freeze: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _least_connections_key(cls, data):
+        # Before `balance`, the file had `least_connections: true|false`; it still means the same.
+        if isinstance(data, dict) and "least_connections" in data:
+            data = dict(data)
+            value = data.pop("least_connections")
+            if "balance" in data:
+                raise ValueError("give either balance or the older least_connections, not both")
+            if not isinstance(value, bool):
+                raise ValueError(f"least_connections must be true or false (got {value!r}); "
+                                 f"or use balance: {' | '.join(speed.MODES)}")
+            data["balance"] = speed.LEAST_CONNECTIONS if value else speed.ROUND_ROBIN
+        return data
 
 
 class GatewayPolicy(BaseModel):

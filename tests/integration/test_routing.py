@@ -4,6 +4,7 @@ The replicas are test stand-ins for vLLM (gpustack_dspark/devstack/stand_in_repl
 no container runtime or GPU exists here, so GPUStack cannot start real replicas yet.
 """
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -13,7 +14,8 @@ import pytest
 
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.stand_in_instances import (
-    RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend, wait_routable,
+    RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend,
+    instances_of, set_running, wait_routable,
 )
 from gpustack_dspark.devstack.stand_in_replica import StandInReplica
 from gpustack_dspark.devstack.worker import join_cpu_worker
@@ -76,6 +78,7 @@ def stack(start_server, tmp_path_factory):
     for model in models.values():
         keeper.watch(model["id"])
     st = Stack(server, api, worker, replicas, models)
+    st.row, st.keeper, st.base = row, keeper, base
     for name in ("json-m", "gen-m", "mixed"):
         wait_routable(server.url, api.api_key, name, 180)
     yield st
@@ -149,8 +152,9 @@ def test_status_reports_routing_on(stack):
     status = stack.status()
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["features"]["routing"]["detail"]["hooks"] == [
-        "least_connections", "json_intent", "json_aware_targets", "stream_end_event", "retry_once",
-        "replica_status"]
+        "expected_finish_time", "slow_start", "json_intent", "json_aware_targets", "stream_end_event",
+        "retry_once", "replica_status"]
+    assert status["routing"]["balance"] == "expected_finish_time"
     assert status["routing"]["policy"]["json_only_without_json_intent"] == "serve_as_json"
 
 
@@ -172,48 +176,106 @@ def test_json_requests_land_only_on_json_targets(stack):
     stack.wait_idle()
 
 
-def _steady_spread(stack, names, requests, concurrency, body):
-    """Time-averaged in-flight at each replica over the steady part of a closed-loop run:
-    from the start until the last request is sent (the drain after it says nothing
-    about routing)."""
-    import threading
-
-    for name in names:
-        stack.replicas[name].stats.reset()
-    done, lock, steady = [0], threading.Lock(), {}
-
-    def one(_):
-        answer = stack.chat("json-m", body)
-        with lock:
-            done[0] += 1
-            if done[0] == requests - concurrency:
-                steady["averages"] = [stack.replicas[n].stats.time_averaged() for n in names]
-        return answer
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        answers = list(pool.map(one, range(requests)))
-    assert all(a.status_code == 200 for a in answers), {a.status_code for a in answers}
-    averages = steady["averages"]
-    return max(averages) / max(min(averages), 1e-9), averages
+def _instance_of(stack, replica_name):
+    port = stack.replicas[replica_name].port
+    return next(str(i["id"]) for i in instances_of(stack.api, stack.models["json-m"]["id"]) if i["ports"] == [port])
 
 
-def test_least_connections_evens_in_flight_under_skew(stack):
+def test_expected_finish_time_sends_long_requests_to_the_fast_replica(stack):
     _reset(stack)
-    stack.replicas["json-a"].slowdown = 3.0  # json-a is 3x slower
+    slow, fast = stack.replicas["json-a"], stack.replicas["json-b"]
+    slow.slowdown = 3.0  # json-a is 3x slower
     # Delays long enough that the proxy's own CPU time (large on this 2-core machine)
-    # does not hide the routing effect.
-    for replica in (stack.replicas["json-a"], stack.replicas["json-b"]):
-        replica.base_s = 1.0
+    # does not hide the replicas' speeds.
+    slow.base_s = fast.base_s = 0.4
     try:
-        ratio, averages = _steady_spread(stack, ["json-a", "json-b"], 40, 8, JSON_BODY)
+        # Learn both speeds (earlier tests left estimates of 0.05 s replies): rounds of four
+        # concurrent requests, so both replicas keep getting some.
+        def estimates():
+            rows = stack.routing()["in_flight"]
+            return tuple(rows[_instance_of(stack, n)]["seconds_per_token"] or 0 for n in ("json-a", "json-b"))
+
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(10):
+                assert [a.status_code for a in pool.map(lambda i: stack.chat("json-m", JSON_BODY), range(4))] == [200] * 4
+                slow_est, fast_est = estimates()
+                if slow_est > 2 * fast_est:
+                    break
+        rows = stack.routing()["in_flight"]
+        assert slow_est > 2 * fast_est, rows
+        # Counts equal (nothing in flight): every long request goes to the fast replica.
+        slow.stats.reset()
+        fast.stats.reset()
+        for _ in range(4):
+            assert stack.chat("json-m", {**JSON_BODY, "metadata": {"work": 4}}).status_code == 200
+        assert (fast.stats.served, slow.stats.served) == (4, 0)
+        # Under concurrency the slow replica still serves, its share shrunk towards its speed.
+        slow.stats.reset()
+        fast.stats.reset()
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda i: stack.chat("json-m", JSON_BODY), range(30)))
+        assert [a.status_code for a in answers] == [200] * 30
+        assert fast.stats.served >= 2 * slow.stats.served and slow.stats.served >= 1, (fast.stats.served,
+                                                                                       slow.stats.served)
     finally:
-        for replica in (stack.replicas["json-a"], stack.replicas["json-b"]):
-            replica.base_s = 0.05
-    served = (stack.replicas["json-a"].stats.served, stack.replicas["json-b"].stats.served)
-    # Round-robin splits 20/20 and leaves json-a with ~3x json-b's in-flight.
-    assert ratio <= 1.5, (ratio, averages, served)
-    assert served[1] > served[0] * 1.5, served
+        slow.base_s = fast.base_s = 0.05
     stack.wait_idle()
+
+
+def test_a_freshly_warm_replica_ramps_in_instead_of_taking_the_burst(stack):
+    api = stack.api
+    ramp = [StandInReplica(f"ramp-{i}", base_s=1.0).start() for i in range(3)]
+    stop, loaders, model = threading.Event(), [], None
+    try:
+        model = create_stand_in_model(api, "ramp-m", backend.BACKEND_NAME, backend.CPU_VERSION,
+                                      stack.row["cluster_id"], stack.row, [r.port for r in ramp],
+                                      stack.base / "ramp-m", running=2)
+        stack.keeper.watch(model["id"])
+        wait_routable(stack.server.url, stack.api.api_key, "ramp-m", 120)
+        body = {"model": "ramp-m", **JSON_BODY}
+
+        def steady():
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    client.post(f"{stack.server.url}/v1/chat/completions", headers=stack.headers, json=body)
+
+        loaders = [threading.Thread(target=steady, daemon=True) for _ in range(6)]
+        for t in loaders:
+            t.start()
+        wait_for(lambda: all(r.stats.in_flight >= 2 for r in ramp[:2]), 30, "steady load on the two replicas")
+        for r in ramp:
+            r.stats.reset()
+        newcomer = instances_of(api, model["id"])[2]
+        set_running(api, newcomer, stack.row, ramp[2].port)
+        stack.keeper.watch(model["id"])
+        wait_for(lambda: str(newcomer["id"]) in stack.routing()["slow_start"]["ramping"], 30,
+                 "the proxy to see the new replica RUNNING")
+        with ThreadPoolExecutor(12) as pool:  # a burst right after it turned warm
+            answers = list(pool.map(lambda i: stack.chat("ramp-m", JSON_BODY), range(12)))
+        assert [a.status_code for a in answers] == [200] * 12
+        got = [r.stats.served + r.stats.in_flight for r in ramp]
+        ramping = stack.routing()["slow_start"]["ramping"][str(newcomer["id"])]
+        # Least-connections alone would give the newcomer (0 in flight) more than either
+        # other replica; slow start gives it a small share that grows over ramp_s.
+        assert got[2] <= 0.35 * (got[0] + got[1]) / 2, got
+        assert 0.1 <= ramping["weight"] < 0.7 and ramping["ramp_left_s"] > 0, ramping
+
+        def weight_now():
+            entry = stack.routing()["slow_start"]["ramping"].get(str(newcomer["id"]))
+            return entry["weight"] if entry else 1.0
+
+        wait_for(lambda: weight_now() > ramping["weight"] + 0.1, 20, "the newcomer's weight to grow")
+        # Ramped in, not starved: the steady load reaches it as its weight grows.
+        wait_for(lambda: ramp[2].stats.served >= 3, 40, "the newcomer to serve the steady load")
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join(timeout=60)
+        for r in ramp:
+            r.stop()
+        if model is not None:
+            api.client.delete(f"/v2/models/{model['id']}")
+    stack.wait_idle(30)
 
 
 def test_streams_count_until_their_last_byte(stack):

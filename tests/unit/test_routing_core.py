@@ -8,7 +8,7 @@ import pytest
 from gpustack_dspark.routing import targets
 from gpustack_dspark.routing.context import current_slot
 from gpustack_dspark.routing.gateway import plan_route
-from gpustack_dspark.routing.inflight import InFlightTracker, pick_least_loaded
+from gpustack_dspark.routing.inflight import ROUND_ROBIN, InFlightTracker, pick_least_loaded
 from gpustack_dspark.routing.intent import has_json_intent
 from gpustack_dspark.routing.middleware import InFlightMiddleware
 from gpustack_dspark.routing.policy import (
@@ -85,14 +85,15 @@ def test_tracker_spreads_and_never_goes_negative():
     tracker.release(10)  # one too many
     assert tracker.count(10) == 0 and tracker.total() == 0
     assert tracker.unmatched_releases == 1
-    assert tracker.snapshot()[10] == {"in_flight": 0, "model_id": 7}
+    assert tracker.snapshot()[10] == {"in_flight": 0, "model_id": 7, "seconds_per_token": None, "samples": 0,
+                                      "weight": 1.0}
 
 
 def test_round_robin_mode_ignores_load():
     tracker = InFlightTracker()
     tracker.acquire(1, 1)
     tracker.acquire(1, 1)
-    assert [tracker.choose(1, [2, 1], least=False) for _ in range(3)] == [1, 2, 1]
+    assert [tracker.choose(1, [2, 1], ROUND_ROBIN) for _ in range(3)] == [1, 2, 1]
 
 
 def _worker_503(message):
@@ -133,7 +134,9 @@ def test_retryable_exceptions_are_before_any_response():
 def test_shipped_policy_file_is_valid_and_default():
     policy = load_policy(DEFAULT_POLICY_PATH)
     assert policy.json_only_without_json_intent is NoJsonIntentOnJsonOnly.SERVE_AS_JSON
-    assert policy.proxy.least_connections and policy.proxy.retry_once and policy.gateway.least_load
+    assert policy == parse_policy({})
+    assert policy.proxy.balance.value == "expected_finish_time" and policy.proxy.slow_start.ramp_s == 30
+    assert policy.proxy.retry_once and policy.gateway.least_load and not policy.proxy.gc_freeze
     assert policy.gateway.session_affinity.value == "off"
 
 
