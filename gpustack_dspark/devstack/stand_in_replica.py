@@ -84,6 +84,10 @@ class StandInReplica:
         self.stall_s: float = 0.0  # extra delay before answering
         self.reply_content: Optional[str] = None  # what replies say (default: '{"ok": true}' / "0 1 2 ")
         self.api_key: Optional[str] = None  # when set, /v1/* without this Bearer key get 401
+        # Cold after turning warm: the capacity grows from 1 to `capacity` over `cold_s`
+        # seconds from `warm_at` (caches and pools filling), see `turned_warm()`.
+        self.cold_s: float = 0.0
+        self.warm_at: Optional[float] = None
         self.stats = ReplicaStats()
         self.port = _free_port()
         self._server: Optional[uvicorn.Server] = None
@@ -96,8 +100,15 @@ class StandInReplica:
 
     def _delay(self, body: dict) -> float:
         scale = self._work(body)
-        load = max(1.0, self.stats.in_flight / self.capacity) if self.capacity else 1.0
+        capacity = self.capacity
+        if capacity and self.cold_s and self.warm_at is not None and time.monotonic() - self.warm_at < self.cold_s:
+            capacity = max(1.0, capacity * (time.monotonic() - self.warm_at) / self.cold_s)
+        load = max(1.0, self.stats.in_flight / capacity) if capacity else 1.0
         return self.base_s * self.slowdown * scale * load + self.stall_s
+
+    def turned_warm(self, cold_s: float) -> None:
+        """From now on, for `cold_s` seconds, serve at a capacity growing from 1 to `capacity`."""
+        self.cold_s, self.warm_at = cold_s, time.monotonic()
 
     def _denied(self, request: Request) -> Optional[JSONResponse]:
         if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":

@@ -9,9 +9,10 @@ the instance's worker once. The hooks, all on that module only:
 - `parse_request_body`: wrapped to note the request's JSON intent in the routing slot.
 - `ModelRouteService`: a subclass whose `resolve_route_targets` keeps the JSON pool or the
   general pool of a route's active targets (GPUStack's weights then split the pool).
-- `_stream_response`: wrapped so an SSE stream that stops before `data: [DONE]` without an
-  error event (a replica that died mid-stream reaches the server as a clean end) gets
-  one, and the client is never left guessing.
+- `_stream_response`: wrapped so a stream whose replica received nothing goes once to
+  another instance (as a non-streamed request does), and an SSE stream that stops before
+  `data: [DONE]` without an error event (a replica that died mid-stream reaches the server
+  as a clean end) gets one, and the client is never left guessing.
 - `request_to_worker`: wrapped to retry a non-streamed request once on another instance
   when the first one received nothing (see `retry.py`), and to return a replica's own error
   answer (4xx, a withheld reply's 500) with its status and body instead of GPUStack's 503
@@ -28,7 +29,7 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpustack_dspark import backend
 from gpustack_dspark.routing import retry, stream_end, targets, upstream_status
@@ -165,20 +166,66 @@ def parse_request_body_hook(original: Callable) -> Callable:
     return parse_request_body
 
 
-def stream_response_hook(original: Callable, ctx: _Context) -> Callable:
-    """A stream that stops before `data: [DONE]` without an error event gets one; a
-    replica's refusal before streaming keeps its status with a JSON content type; the
-    stream's output tokens go to the slot."""
+async def _next_attempt(ctx: "_Context", slot: RequestSlot, worker, headers) -> Optional[Tuple[Any, Dict]]:
+    """Move the request to another candidate instance (the retry's choice uses the policy's
+    balance); returns its worker and the headers that route to it, or None when there is
+    no other instance."""
+    others = [i for i in slot.candidates if i.id not in slot.tried]
+    if not others:
+        ctx.stats.retries["no_other_instance"] += 1
+        return None
+    slot.retried = True
+    ctx.stats.retries["retried"] += 1
+    by_id = {i.id: i for i in others}
+    instance = by_id[ctx.tracker.choose(others[0].model_id, list(by_id), ctx.mode)]
+    _take(ctx.tracker, slot, instance)
+    logger.info("retrying a request on instance %s after instance %s received nothing",
+                instance.id, sorted(slot.tried - {instance.id}))
+    next_worker = worker
+    if instance.worker_id != worker.id:
+        async with ctx.gs["async_session"]() as session:
+            next_worker = await ctx.gs["WorkerService"](session).get_by_id(instance.worker_id) or worker
+    retry_headers = dict(headers or {})
+    retry_headers[ctx.gs["router_header_key"]] = f"{ctx.gs['model_instance_prefix'](instance)}.static"
+    return next_worker, retry_headers
+
+
+def _may_retry(ctx: "_Context", slot: Optional[RequestSlot], data) -> bool:
+    return (slot is not None and ctx.policy.proxy.retry_once and not slot.retried
+            and isinstance(data, (bytes, type(None))))
+
+
+def _as_bytes(chunk) -> bytes:
+    return chunk if isinstance(chunk, (bytes, bytearray)) else str(chunk).encode()
+
+
+def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
+    """A stream whose replica received nothing (the worker's own 503/404 before any byte)
+    is sent once to another instance, as a non-streamed request is; a stream that stops
+    before `data: [DONE]` without an error event gets one; a replica's refusal before
+    streaming keeps its status with a JSON content type; the stream's output tokens go to
+    the slot."""
 
     async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
+        slot = current_slot()
+        stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
+        item = await anext(stream, None)
+        if (item is not None and item[2] >= 400 and _may_retry(ctx, slot, data)
+                and retry.retryable_answer(item[2], _as_bytes(item[0]))):
+            attempt = await _next_attempt(ctx, slot, worker, headers)
+            if attempt is not None:
+                await stream.aclose()
+                worker, headers = attempt
+                stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
+                item = await anext(stream, None)
         state = stream_end.StreamWatch()
         status = 200
         first = True
-        async for chunk, resp_headers, resp_status in original(
-                worker, method, path, headers, data, proxy_client, no_proxy_client):
+        while item is not None:
+            chunk, resp_headers, resp_status = item
             status = resp_status
             if first and resp_status >= 400 and ctx.policy.proxy.pass_replica_status:
-                body = chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                body = _as_bytes(chunk)
                 if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
                     # The replica refused before streaming: its status and JSON error body, with
                     # only its content type (the worker's framing headers do not apply here).
@@ -187,7 +234,7 @@ def stream_response_hook(original: Callable, ctx: _Context) -> Callable:
             first = False
             state.see(chunk)
             yield chunk, resp_headers, resp_status
-        slot = current_slot()
+            item = await anext(stream, None)
         if slot is not None:
             slot.output_tokens = state.output_tokens()
         if status < 400 and state.truncated():
@@ -238,7 +285,7 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
     """Non-streamed: retry once on another instance when the first received nothing
     (`retry.py`), pass a replica's own error answer through (`upstream_status.py`), and
     note the answer's output tokens in the slot."""
-    policy, tracker, stats = ctx.policy, ctx.tracker, ctx.stats
+    policy, stats = ctx.policy, ctx.stats
 
     def answer(slot, worker, method, path, resp, body, raise_on_error):
         """A replica's own error answer goes back as it is (with its status and OpenAI error
@@ -253,26 +300,6 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
             raise _worker_error(worker, method, path, resp.status, body)
         return resp, body
 
-    async def retry_elsewhere(slot, worker, headers, call):
-        others = [i for i in slot.candidates if i.id not in slot.tried]
-        if not others:
-            return None
-        slot.retried = True
-        stats.retries["retried"] += 1
-        by_id = {i.id: i for i in others}
-        instance = by_id[tracker.choose(others[0].model_id, list(by_id), ctx.mode)]
-        _take(tracker, slot, instance)
-        logger.info("retrying a request on instance %s after instance %s received nothing",
-                    instance.id, sorted(slot.tried - {instance.id}))
-        next_worker = worker
-        if instance.worker_id != worker.id:
-            async with ctx.gs["async_session"]() as session:
-                next_worker = await ctx.gs["WorkerService"](session).get_by_id(instance.worker_id) or worker
-        retry_headers = dict(headers or {})
-        retry_headers[ctx.gs["router_header_key"]] = f"{ctx.gs['model_instance_prefix'](instance)}.static"
-        resp, body = await original(next_worker, headers=retry_headers, raise_on_error=False, **call)
-        return next_worker, resp, body
-
     async def request_to_worker(worker, method, path, proxy_client=None, no_proxy_client=None, params=None,
                                 data=None, headers=None, timeout=None, raise_on_error=True):
         slot = current_slot()
@@ -280,7 +307,7 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
                     params=params, data=data, timeout=timeout)
         if slot is None or slot.stream or not isinstance(data, (bytes, type(None))):
             return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
-        may_retry = policy.proxy.retry_once and not slot.retried
+        may_retry = _may_retry(ctx, slot, data)
         first_failure: Any = None
         try:
             resp, body = await original(worker, headers=headers, raise_on_error=False, **call)
@@ -291,13 +318,13 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
         else:
             if resp.status < 400 or not (may_retry and retry.retryable_answer(resp.status, body)):
                 return answer(slot, worker, method, path, resp, body, raise_on_error)
-        retried = await retry_elsewhere(slot, worker, headers, call)
-        if retried is None:
-            stats.retries["no_other_instance"] += 1
+        attempt = await _next_attempt(ctx, slot, worker, headers)
+        if attempt is None:
             if first_failure is not None:
                 raise first_failure
             return answer(slot, worker, method, path, resp, body, raise_on_error)
-        next_worker, resp, body = retried
+        next_worker, retry_headers = attempt
+        resp, body = await original(next_worker, headers=retry_headers, raise_on_error=False, **call)
         return answer(slot, next_worker, method, path, resp, body, raise_on_error)
 
     return request_to_worker

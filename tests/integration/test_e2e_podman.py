@@ -2,7 +2,8 @@
 registry: PostgreSQL -> GPUStack server with the plugin -> a CPU worker labelled
 role=json-inference deploying with Podman -> the CPU DSpark image built locally -> the demo
 model with 2 replicas -> RUNNING only once warm -> JSON through GPUStack's /v1 ->
-least-connections -> a replica's container killed under load -> the model deleted.
+expected-finish-time balancing -> a replica's container killed under load, ramped in again
+after its restart -> the model deleted.
 
 Nothing here is skipped: a host where Podman cannot work fails with the reason.
 The tests run in order on one stack (module fixture); each bounds its waits.
@@ -23,6 +24,7 @@ import pytest
 
 from gpustack_dspark.bench import workloads
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
+from gpustack_dspark.routing import speed
 from tests.conftest import dspark_status, wait_for
 
 # The module's first test carries the stack's start: a cold image build on a fresh machine
@@ -102,26 +104,44 @@ def test_replicas_go_starting_then_running_only_once_warm(stack):
     assert {c["Image"] for c in containers if not c["Names"][0].endswith("-pause")} == {s.image}
 
 
-def test_json_through_gpustack_is_valid_and_spread_least_connections(stack):
+def _expected_wave(s: ContainerStack, size: int) -> List[int]:
+    """How the routing policy (expected finish time, slow start) splits `size` requests sent
+    together, from the proxy's own estimates now (nothing in flight): the pure rule of
+    routing/speed.py applied to GET /v2/dspark/status."""
+    rows = dspark_status(s.server, s.api.api_key)["routing"]["in_flight"]
+    ids = sorted(i["id"] for i in s.instances())
+    estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
+    weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
+    counts: Dict[int, int] = {}
+    for turn in range(size):
+        chosen = speed.pick(ids, counts, turn, estimates, weights)
+        counts[chosen] = counts.get(chosen, 0) + 1
+    return sorted(counts.get(i, 0) for i in ids)
+
+
+def test_json_through_gpustack_is_valid_and_spread_by_expected_finish_time(stack):
     s = stack
     # Four waves of four requests sent together: each wave is all in flight before any reply
-    # (seconds each on CPU), so least-connections must put two on each replica whatever the
-    # replicas' speeds. (A continuous load is not used: least-connections rightly sends more to
-    # the faster replica, and on two shared cores one replica can be several times slower.)
-    responses, splits = [], []
+    # (seconds each on CPU), so the split follows the balancing rule on the proxy's estimates
+    # at the wave's start: 2/2 for replicas of about the same speed (or before any estimate),
+    # more to the faster one where one is clearly slower (on two shared cores one replica
+    # can be several times slower).
+    responses, splits, expected = [], [], []
     with ThreadPoolExecutor(4) as pool:
         for wave in range(4):
             before = _served(s)
+            expected.append(_expected_wave(s, 4))
             responses += list(pool.map(lambda i: _post(s, _body(s, 4 * wave + i)), range(4)))
             after = _served(s)
             splits.append(sorted(after[k] - before.get(k, 0) for k in after))
-    print(f"[e2e] per-wave split over the two replicas: {splits}")
+    print(f"[e2e] per-wave split over the two replicas: {splits} (the rule: {expected})")
     assert [r.status_code for r in responses] == [200] * 16, [r.text[:200] for r in responses if r.status_code != 200]
     for r in responses:
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
-    assert splits == [[2, 2]] * 4, splits  # both replicas, balanced by in-flight count
+    assert splits == expected, (splits, expected)
     routing = dspark_status(s.server, s.api.api_key)["routing"]
     assert routing["in_flight_total"] == 0 and routing["decisions"].get("json", 0) >= 16, routing
+    assert all((routing["in_flight"].get(str(i["id"])) or {}).get("samples", 0) >= 1 for i in s.instances()), routing
 
 
 def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(stack):
@@ -165,6 +185,12 @@ def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(s
     assert states and "running" not in states[:-1] and states[-1] == "running" and "starting" in states, states
     print(f"[e2e] after the kill: {' -> '.join(states)}; re-warmup {warmup['duration_s']}s")
 
+    # The proxy sees it back at its next choice and ramps it in (slow start), not the burst.
+    assert _post(s, _body(s, 99)).status_code == 200
+    ramping = dspark_status(s.server, s.api.api_key)["routing"]["slow_start"]["ramping"]
+    assert str(victim["id"]) in ramping and ramping[str(victim["id"])]["weight"] < 1, ramping
+    wait_for(lambda: str(victim["id"]) not in dspark_status(s.server, s.api.api_key)["routing"]["slow_start"]["ramping"],
+             60, "the restarted replica's ramp to end")
     before = _served(s)
     with ThreadPoolExecutor(4) as pool:
         again = list(pool.map(lambda i: _post(s, _body(s, i)), range(12)))

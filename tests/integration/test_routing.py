@@ -397,13 +397,16 @@ def test_gateway_route_config_for_dspark_routes(stack):
     assert again["plugins"]["session-affinity"]["enabled"] and again["plugins"]["least-load"]["enabled"]
 
 
-def test_a_killed_replica_loses_no_non_streamed_request(stack):
+def test_a_killed_replica_loses_no_request_streamed_or_not(stack):
     _reset(stack)
     before = stack.routing()["retries"]["retried"]
     stack.replicas["json-b"].stop()
     with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda i: stack.chat("json-m", JSON_BODY), range(20)))
+        answers = list(pool.map(lambda i: stack.chat("json-m", {**JSON_BODY, "stream": i % 2 == 0}), range(20)))
     assert [a.status_code for a in answers] == [200] * 20, [a.text[:200] for a in answers if a.status_code != 200]
+    # A stream whose replica received nothing went to the other one too, and ended properly.
+    streams = [a.text for i, a in enumerate(answers) if i % 2 == 0]
+    assert all(text.rstrip().endswith("data: [DONE]") for text in streams), streams[:2]
     assert stack.replicas["json-a"].stats.served == 20
     assert stack.routing()["retries"]["retried"] > before
     stack.wait_idle(5)

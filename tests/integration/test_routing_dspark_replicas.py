@@ -1,16 +1,25 @@
 """Routing to real DSpark replicas: GPUStack's `/v1` proxy -> real CPU worker -> two real
 `dspark-serve` processes (real vLLM on CPU). The instances are pointed at the replicas by
 hand (no container runtime here to let GPUStack's worker start them; the end-to-end issue
-does that with Podman), everything on the request path is real."""
+does that with Podman), everything on the request path is real.
 
+The soak adds a second model over three replicas: two stand-ins for vLLM with a realistic
+latency (devstack/stand_in_replica.py) and one of the real replicas (it also serves that
+model's name)."""
+
+import asyncio
+import gc
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
-from tests.conftest import admin_api, dspark_status
+from gpustack_dspark.devstack.stand_in_replica import StandInReplica
+from tests.conftest import admin_api, dspark_status, wait_for
 from tests.integration.test_routing import models_on_real_replicas
 
 pytestmark = pytest.mark.integration
@@ -19,18 +28,28 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def stack(start_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("routing-dspark")
-    replicas = [start_replica(base / f"replica-{i}.log", ["--enable-dspark", "--dspark-warmup-requests", "2"])
+    replicas = [start_replica(base / f"replica-{i}.log", ["--enable-dspark", "--dspark-warmup-requests", "2",
+                                                          "--served-model-name", SERVED_NAME, SOAK_MODEL])
                 for i in range(2)]
+    stand_ins = [StandInReplica(f"soak-{n}", base_s=1.0, capacity=200).start() for n in ("a", "b")]
     server = start_server()
     api = admin_api(server)
     # The GPUStack model's name is what the replicas serve (--served-model-name).
-    with models_on_real_replicas(server, api, "route-real-w1", base, replicas,
-                                 {SERVED_NAME: ([r.port for r in replicas], 180)}):
-        yield server, api, replicas
+    try:
+        with models_on_real_replicas(server, api, "route-real-w1", base, replicas,
+                                     {SERVED_NAME: ([r.port for r in replicas], 180),
+                                      SOAK_MODEL: ([*(r.port for r in stand_ins), replicas[0].port], 180)}):
+            yield server, api, replicas, stand_ins
+    finally:
+        for r in stand_ins:
+            r.stop()
+
+
+SOAK_MODEL = "dspark-soak"
 
 
 def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stack):
-    server, api, replicas = stack
+    server, api, replicas, _ = stack
     before = [r.info()["requests"]["json_injected"] for r in replicas]
     headers = {"Authorization": f"Bearer {api.api_key}"}
 
@@ -50,3 +69,92 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
 
     routing = dspark_status(server, api.api_key)["routing"]
     assert routing["in_flight_total"] == 0 and routing["unmatched_releases"] == 0
+
+
+def _server_rss_mib(server) -> float:
+    """Resident memory of the GPUStack server's API process (the one that proxies)."""
+    import psutil
+
+    root = psutil.Process(server.process.pid())
+    procs = [root, *root.children(recursive=True)]
+    return sum(p.memory_info().rss for p in procs) / 2 ** 20
+
+
+async def _soak_round(server, api_key, count, kill=None, kill_after=0):
+    """`count` concurrent requests, every fourth streamed and every other one JSON; `kill()`
+    once `kill_after` answers are in. Returns [(streamed, status, text)]."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    done = [0]
+    limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=60), limits=limits) as client:
+        async def one(i):
+            streamed, json_intent = i % 4 == 0, i % 2 == 0
+            body = {"model": SOAK_MODEL, "max_tokens": 96, "temperature": 0, "stream": streamed,
+                    "messages": [{"role": "user", "content": f"Create an order record for user {i}: buy {i % 7 + 1}."}]}
+            if json_intent:
+                body["response_format"] = {"type": "json_object"}
+            try:
+                if streamed:
+                    async with client.stream("POST", f"{server.url}/v1/chat/completions", headers=headers,
+                                             json=body) as response:
+                        text = "".join([part async for part in response.aiter_text()])
+                        result = (True, response.status_code, text)
+                else:
+                    response = await client.post(f"{server.url}/v1/chat/completions", headers=headers, json=body)
+                    result = (False, response.status_code, response.text)
+            except httpx.HTTPError as e:
+                result = (streamed, None, f"{type(e).__name__}: {e}")
+            done[0] += 1
+            if kill is not None and done[0] == kill_after:
+                kill()
+            return result
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def _stream_ended_well(text):
+    events = [line for line in text.splitlines() if line.startswith("data:")]
+    return bool(events) and (events[-1].strip() == "data: [DONE]" or '"error"' in events[-1])
+
+
+def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
+    """1,000 concurrent requests through GPUStack's proxy to three replicas (two stand-ins,
+    one real dspark-serve); the second round kills a stand-in mid-run. Non-streamed: every
+    one answered 200 (a request whose replica died goes to another); streamed: every one
+    ends with [DONE] or the error event; in-flight back to exactly 0; the server's memory
+    back to its level after the first round; the routing tables bounded."""
+    server, api, replicas, stand_ins = stack
+    real_before = replicas[0].info()["requests"]["json_injected"]
+    # First round: the proxy's connection pools, caches and estimates reach their working size.
+    first = asyncio.run(_soak_round(server, api.api_key, 1000))
+    gc.collect()
+    idle = wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
+                    120, "in-flight to return to 0 after the first round")
+    time.sleep(2)
+    baseline = _server_rss_mib(server)
+    killed_at = []
+
+    def kill():
+        killed_at.append(time.monotonic())
+        threading.Thread(target=stand_ins[1].stop, daemon=True).start()  # off the client's event loop
+
+    second = asyncio.run(_soak_round(server, api.api_key, 1000, kill=kill, kill_after=300))
+    assert killed_at, "the replica was not killed mid-run"
+    for name, results in (("first", first), ("second", second)):
+        plain = [(status, text[:200]) for streamed, status, text in results if not streamed and status != 200]
+        assert not plain, (name, len(plain), plain[:5])
+        streams = [(status, text[-300:]) for streamed, status, text in results if streamed]
+        bad = [s for s in streams if s[0] != 200 or not _stream_ended_well(s[1])]
+        assert not bad, (name, len(bad), bad[:5])
+    routing = wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
+                       120, "in-flight to return to 0 after the soak")
+    assert routing["unmatched_releases"] == 0
+    assert routing["retries"]["retried"] > idle["retries"]["retried"], routing["retries"]  # the kill was absorbed
+    assert all(v["in_flight"] == 0 for v in routing["in_flight"].values()), routing["in_flight"]
+    assert max(routing["tables"].values()) <= 8, routing["tables"]  # per instance, not per request
+    assert replicas[0].info()["requests"]["json_injected"] > real_before  # the real replica took part
+    time.sleep(2)
+    after = _server_rss_mib(server)
+    print(f"[soak] server RSS after round 1 {baseline:.0f} MiB, after round 2 {after:.0f} MiB; "
+          f"retried {routing['retries']['retried']}, broken streams {routing['retries']['broken_streams']}")
+    assert after - baseline < 0.1 * baseline + 20, (baseline, after)
