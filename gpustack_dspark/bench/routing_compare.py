@@ -277,9 +277,12 @@ def _batch(client, dep: Deployment, concurrency: int, requests: int, pool) -> Li
     return list(pool.map(one, range(requests))) if concurrency > 1 else [one(0) for _ in range(requests)]
 
 
-def _full_collections(dep: Deployment) -> Optional[dict]:
+def _full_pauses(dep: Deployment, since: float) -> Optional[List[float]]:
+    """The server's full garbage collections (ms) since wall time `since`; None if not timed."""
     gc_status = (dep.status().get("routing") or {}).get("gc")
-    return gc_status["collections"]["2"] if gc_status else None
+    if not gc_status or not gc_status.get("timed"):
+        return None
+    return [ms for at, ms in gc_status["recent_full_ms"] if at >= since]
 
 
 def part_cost(base, args) -> Dict[str, dict]:
@@ -295,7 +298,7 @@ def part_cost(base, args) -> Dict[str, dict]:
         rng = random.Random(7)
         medians = {d.name: {1: [], 8: []} for d in deps}
         latencies = {d.name: [] for d in deps}
-        gc_before = {d.name: _full_collections(d) for d in deps}
+        run_started = time.time()
         clients = {d.name: httpx.Client(timeout=60, limits=httpx.Limits(max_connections=32)) for d in deps}
         with ThreadPoolExecutor(8) as pool:
             for d in deps:  # warm connections
@@ -314,10 +317,8 @@ def part_cost(base, args) -> Dict[str, dict]:
             c.close()
         out = {}
         for d in deps:
-            after, before = _full_collections(d), gc_before[d.name]
-            full = None
-            if after and before:
-                full = {"count": after["count"] - before["count"], "max_ms": after["max_ms"]}
+            pauses = _full_pauses(d, run_started)
+            full = None if pauses is None else {"count": len(pauses), "max_ms": max(pauses, default=0.0)}
             out[d.name] = {"c1": statistics.median(medians[d.name][1]), "c8": statistics.median(medians[d.name][8]),
                            "p999": pct(latencies[d.name], 0.999), "max": max(latencies[d.name]),
                            "requests": len(latencies[d.name]), "full_gc": full}

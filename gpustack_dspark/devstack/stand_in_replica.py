@@ -12,7 +12,9 @@ check counts a JSON replica that answers invalid JSON.
 Latency model: `base_s * slowdown`, stretched by `max(1, in_flight / capacity)` when a
 capacity is set — a replica's time grows with its own load, as a batching engine's does.
 A request's `metadata.work` (default 1) scales its time, its `usage.completion_tokens`
-(`TOKENS_PER_WORK` per unit) and its number of SSE chunks, as a longer answer would.
+(`tokens_per_work` per unit, default `TOKENS_PER_WORK`) and its number of SSE chunks, as a
+longer answer would; a stream asked with `stream_options.include_usage` ends with a usage
+chunk, as vLLM's does.
 """
 
 import asyncio
@@ -80,6 +82,7 @@ class StandInReplica:
         self.slowdown = slowdown
         self.capacity = capacity
         self.chunks = chunks
+        self.tokens_per_work = TOKENS_PER_WORK  # usage.completion_tokens per unit of work
         self.break_stream_after: Optional[int] = None  # break SSE streams after N chunks
         self.stall_s: float = 0.0  # extra delay before answering
         self.reply_content: Optional[str] = None  # what replies say (default: '{"ok": true}' / "0 1 2 ")
@@ -152,13 +155,19 @@ class StandInReplica:
                          "choices": [{"index": 0, "delta": {"content": pieces[index] if pieces else f"{index} "},
                                       "finish_reason": "stop" if last and pieces else None}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):  # as vLLM: a last chunk with usage
+                tokens = max(1, round(self.tokens_per_work * self._work(body)))
+                yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "model": model, "choices": [],
+                                             "usage": {"prompt_tokens": 1, "completion_tokens": tokens,
+                                                       "total_tokens": 1 + tokens}}) + "\n\n"
             self.stats.served += 1
             yield "data: [DONE]\n\n"
         finally:
             self.stats.leave()
 
     def _completion(self, model: str, work: float = 1.0) -> dict:
-        tokens = max(1, round(TOKENS_PER_WORK * work))
+        tokens = max(1, round(self.tokens_per_work * work))
         return {"id": "x", "object": "chat.completion", "created": int(time.time()), "model": model,
                 "replica": self.name,
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -179,11 +188,19 @@ class StandInReplica:
                                  Route("/health", health), Route("/v1/models", models)])
 
     # ---- lifecycle ----
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._server.serve())
+        finally:
+            self._loop.close()
+
     def start(self) -> "StandInReplica":
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"replica-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"replica-{self.name}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -193,10 +210,24 @@ class StandInReplica:
         return self
 
     def stop(self) -> None:
-        """Like a killed process: the port closes, new connections are refused."""
+        """Like a killed process: open connections are dropped without an answer (requests
+        in flight get a reset, not a reply), the port closes, new connections are refused."""
         if self._server is not None:
-            self._server.should_exit = True
-            self._server.force_exit = True
+            server = self._server
+            loop = getattr(self, "_loop", None)
+            if loop is not None and loop.is_running():
+                def drop_all():
+                    for connection in list(server.server_state.connections):
+                        transport = getattr(connection, "transport", None)
+                        if transport is not None:
+                            transport.abort()
+                try:
+                    loop.call_soon_threadsafe(drop_all)
+                    time.sleep(0.05)
+                except RuntimeError:  # the loop just ended
+                    pass
+            server.should_exit = True
+            server.force_exit = True
             self._thread.join(timeout=10)
             self._server = None
 

@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any, Dict, Optional
 
 logger = logging.getLogger(__name__)
@@ -29,12 +30,14 @@ class GcPauses:
         self.frozen_at: Optional[float] = None
         self.frozen_objects = 0
         self.installed = False
+        self.recent_full = deque(maxlen=64)  # (wall time, seconds) of the last full collections
+        self._quiet = False  # our own gc.collect() in freeze() is not a stall
 
     def _callback(self, phase: str, info: Dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
             return
-        if self._started is None:
+        if self._started is None or self._quiet:
             return
         took = time.perf_counter() - self._started
         self._started = None
@@ -45,6 +48,8 @@ class GcPauses:
             entry["count"] += 1
             entry["total_s"] += took
             entry["max_s"] = max(entry["max_s"], took)
+            if info.get("generation") == 2:
+                self.recent_full.append((time.time(), took))
 
     def install(self) -> None:
         if not self.installed:
@@ -52,7 +57,11 @@ class GcPauses:
             self.installed = True
 
     def freeze(self) -> int:
-        gc.collect()
+        self._quiet = True
+        try:
+            gc.collect()
+        finally:
+            self._quiet = False
         gc.freeze()
         self.frozen_at = time.time()
         self.frozen_objects = gc.get_freeze_count()
@@ -68,4 +77,6 @@ class GcPauses:
         with self._lock:
             generations = {str(g): {"count": int(v["count"]), "total_ms": round(v["total_s"] * 1000, 2),
                                     "max_ms": round(v["max_s"] * 1000, 2)} for g, v in self.by_generation.items()}
-        return {"frozen_objects": self.frozen_objects, "frozen_at": self.frozen_at, "collections": generations}
+            recent = [[round(t, 3), round(took * 1000, 2)] for t, took in list(self.recent_full)[-16:]]
+        return {"timed": self.installed, "frozen_objects": self.frozen_objects, "frozen_at": self.frozen_at,
+                "collections": generations, "recent_full_ms": recent}

@@ -115,6 +115,9 @@ class RoutingFeature:
             "decisions": dict(self.stats.decisions),
             "retries": dict(self.stats.retries),
             "replica_statuses": dict(self.stats.statuses),
+            "worker_row_copies": ({"copied": self.stats.worker_snapshots.copied,
+                                   "failed": self.stats.worker_snapshots.failed}
+                                  if self.stats.worker_snapshots else None),
             "gateway": dict(self.gateway_last),
             "gc": {"freeze": bool(self.policy and self.policy.proxy.gc_freeze), **self.gc.snapshot()},
             "json_format_checks": self.format_stats.totals(),

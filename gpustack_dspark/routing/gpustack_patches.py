@@ -25,6 +25,7 @@ mismatch nothing is applied and the reason is returned, and GPUStack proxies as 
 always did. Everything acts only inside a request slot set by `middleware.py`.
 """
 
+import asyncio
 import inspect
 import logging
 import time
@@ -63,6 +64,7 @@ class RoutingStats:
     retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0})
     # Replica error answers passed through with their own status (see upstream_status.py).
     statuses: Dict[str, int] = field(default_factory=lambda: {"replica_4xx": 0, "replica_5xx": 0, "withheld": 0})
+    worker_snapshots: Any = None  # the hooks' WorkerSnapshots, once applied
 
     def decided(self, decision: str) -> None:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
@@ -112,6 +114,59 @@ def _take(tracker: InFlightTracker, slot: RequestSlot, instance) -> None:
     slot.tried.add(instance.id)
 
 
+class WorkerSnapshots:
+    """GPUStack 2.3 hands its proxy a `Worker` row shared by every request (the cached
+    `WorkerService.get_by_id`). Once another session has expired it, reading its attributes
+    lazy-loads through that session, and concurrent requests then fail with SQLAlchemy's
+    "This session is provisioning a new connection; concurrent operations are not permitted"
+    — a 503 to the client before anything reached the replica (found by the 1,000-request
+    soak). The proxy hooks give GPUStack's request functions a transient copy instead, made
+    by one request at a time and reused for `TTL_S` seconds."""
+
+    TTL_S = 2.0
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._copies: Dict[Any, Tuple[float, Any]] = {}
+        self.copied = 0
+        self.failed = 0
+
+    @staticmethod
+    def _key(worker) -> Any:
+        try:
+            from sqlalchemy import inspect as sa_inspect
+
+            state = sa_inspect(worker, raiseerr=False)
+        except Exception:
+            state = None
+        # The identity key is read from the instance state: no attribute load.
+        return state.identity_key if state is not None and state.identity_key is not None else id(worker)
+
+    async def get(self, worker):
+        if worker is None:
+            return worker
+        key = self._key(worker)
+        now = time.monotonic()
+        entry = self._copies.get(key)
+        if entry is not None and now - entry[0] < self.TTL_S:
+            return entry[1]
+        async with self._lock:
+            entry = self._copies.get(key)
+            if entry is not None and now - entry[0] < self.TTL_S:
+                return entry[1]
+            try:
+                copy = type(worker).model_validate(worker.model_dump())
+            except Exception as e:  # the shared row as GPUStack would use it
+                self.failed += 1
+                logger.debug("could not copy worker row: %s", e)
+                return worker
+            if len(self._copies) > 256:
+                self._copies.clear()
+            self._copies[key] = (now, copy)
+            self.copied += 1
+            return copy
+
+
 @dataclass
 class _Context:
     """What the hooks share: the policy, the tracker, the counters and GPUStack's symbols."""
@@ -120,6 +175,7 @@ class _Context:
     tracker: InFlightTracker
     stats: RoutingStats
     gs: Dict[str, Any]  # GPUStack symbols imported once by apply_routing_hooks
+    workers: WorkerSnapshots = field(default_factory=WorkerSnapshots)
 
     @property
     def mode(self) -> str:
@@ -185,6 +241,7 @@ async def _next_attempt(ctx: "_Context", slot: RequestSlot, worker, headers) -> 
     if instance.worker_id != worker.id:
         async with ctx.gs["async_session"]() as session:
             next_worker = await ctx.gs["WorkerService"](session).get_by_id(instance.worker_id) or worker
+        next_worker = await ctx.workers.get(next_worker)
     retry_headers = dict(headers or {})
     retry_headers[ctx.gs["router_header_key"]] = f"{ctx.gs['model_instance_prefix'](instance)}.static"
     return next_worker, retry_headers
@@ -208,6 +265,8 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
 
     async def _stream_response(worker, method, path, headers, data, proxy_client, no_proxy_client):
         slot = current_slot()
+        if slot is not None:
+            worker = await ctx.workers.get(worker)
         stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
         item = await anext(stream, None)
         if (item is not None and item[2] >= 400 and _may_retry(ctx, slot, data)
@@ -305,7 +364,10 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
         slot = current_slot()
         call = dict(method=method, path=path, proxy_client=proxy_client, no_proxy_client=no_proxy_client,
                     params=params, data=data, timeout=timeout)
-        if slot is None or slot.stream or not isinstance(data, (bytes, type(None))):
+        if slot is None:
+            return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
+        worker = await ctx.workers.get(worker)
+        if slot.stream or not isinstance(data, (bytes, type(None))):
             return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
         may_retry = _may_retry(ctx, slot, data)
         first_failure: Any = None
@@ -380,6 +442,7 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
         return RoutingHooks(False, problem)
 
     ctx = _Context(policy, tracker, stats, gs)
+    stats.worker_snapshots = ctx.workers
     tracker.configure(policy.proxy.slow_start.config())
     originals = {"parse_request_body": openai.parse_request_body, "request_to_worker": openai.request_to_worker,
                  "_stream_response": openai._stream_response, "ModelRouteService": openai.ModelRouteService}

@@ -5,7 +5,10 @@ shows up as the worker's own error answer, not as a socket error at the server: 
 worker answers 503 with GPUStack's "An unexpected error occurred: <aiohttp error>" when
 it cannot reach the replica before the first byte, and 404 "No running model instance
 found" when the instance is no longer RUNNING there. Both mean the replica received
-nothing it answered, so one retry elsewhere cannot duplicate an answer.
+nothing it answered, so one retry elsewhere cannot duplicate an answer. A third case is
+retried the same way: the replica died while sending its answer ("Response payload is not
+completed"): the worker got no whole answer, so the client got none either; the retry
+repeats the generation, never an answer the client has seen.
 """
 
 import json
@@ -19,6 +22,8 @@ _BEFORE_FIRST_BYTE = (
     "Server disconnected",
     "Connection reset by peer",
     "Connection refused",
+    "Can not write request body",  # the connection closed while the request was being sent
+    "Response payload is not completed",  # the replica died while sending its answer
 )
 _WORKER_PROXY_ERROR = "An unexpected error occurred"
 _WORKER_NO_INSTANCE = "No running model instance found"

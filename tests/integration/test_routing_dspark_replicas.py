@@ -32,6 +32,8 @@ def stack(start_server, tmp_path_factory):
                                                           "--served-model-name", SERVED_NAME, SOAK_MODEL])
                 for i in range(2)]
     stand_ins = [StandInReplica(f"soak-{n}", base_s=1.0, capacity=200).start() for n in ("a", "b")]
+    for r in stand_ins:
+        r.tokens_per_work = 48  # answers about as long as the real replica's order records
     server = start_server()
     api = admin_api(server)
     # The GPUStack model's name is what the replicas serve (--served-model-name).
@@ -75,16 +77,15 @@ def _server_rss_mib(server) -> float:
     """Resident memory of the GPUStack server's API process (the one that proxies)."""
     import psutil
 
-    root = psutil.Process(server.process.pid())
+    root = psutil.Process(server.process.pid)
     procs = [root, *root.children(recursive=True)]
     return sum(p.memory_info().rss for p in procs) / 2 ** 20
 
 
-async def _soak_round(server, api_key, count, kill=None, kill_after=0):
-    """`count` concurrent requests, every fourth streamed and every other one JSON; `kill()`
-    once `kill_after` answers are in. Returns [(streamed, status, text)]."""
+async def _soak_round(server, api_key, count):
+    """`count` concurrent requests, every fourth streamed and every other one JSON.
+    Returns [(streamed, status, text)]."""
     headers = {"Authorization": f"Bearer {api_key}"}
-    done = [0]
     limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=60), limits=limits) as client:
         async def one(i):
@@ -98,18 +99,23 @@ async def _soak_round(server, api_key, count, kill=None, kill_after=0):
                     async with client.stream("POST", f"{server.url}/v1/chat/completions", headers=headers,
                                              json=body) as response:
                         text = "".join([part async for part in response.aiter_text()])
-                        result = (True, response.status_code, text)
-                else:
-                    response = await client.post(f"{server.url}/v1/chat/completions", headers=headers, json=body)
-                    result = (False, response.status_code, response.text)
+                        return True, response.status_code, text
+                response = await client.post(f"{server.url}/v1/chat/completions", headers=headers, json=body)
+                return False, response.status_code, response.text
             except httpx.HTTPError as e:
-                result = (streamed, None, f"{type(e).__name__}: {e}")
-            done[0] += 1
-            if kill is not None and done[0] == kill_after:
-                kill()
-            return result
+                return streamed, None, f"{type(e).__name__}: {e}"
 
         return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def _kill_when_busy(replica, in_flight, killed_at, stop):
+    """Kill `replica` once it has `in_flight` requests in flight (mid-run, not at the end)."""
+    while not stop.is_set():
+        if replica.stats.in_flight >= in_flight:
+            killed_at.append((time.monotonic(), replica.stats.in_flight))
+            replica.stop()
+            return
+        time.sleep(0.005)
 
 
 def _stream_ended_well(text):
@@ -126,19 +132,25 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     server, api, replicas, stand_ins = stack
     real_before = replicas[0].info()["requests"]["json_injected"]
     # First round: the proxy's connection pools, caches and estimates reach their working size.
+    started = time.monotonic()
     first = asyncio.run(_soak_round(server, api.api_key, 1000))
+    print(f"[soak] round 1: {time.monotonic() - started:.0f} s")
     gc.collect()
     idle = wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
                     120, "in-flight to return to 0 after the first round")
+    print(f"[soak] after round 1: served by the stand-ins {[r.stats.served for r in stand_ins]}, "
+          f"estimates {idle['in_flight']}")
     time.sleep(2)
     baseline = _server_rss_mib(server)
-    killed_at = []
-
-    def kill():
-        killed_at.append(time.monotonic())
-        threading.Thread(target=stand_ins[1].stop, daemon=True).start()  # off the client's event loop
-
-    second = asyncio.run(_soak_round(server, api.api_key, 1000, kill=kill, kill_after=300))
+    killed_at, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_when_busy, args=(stand_ins[1], 40, killed_at, stop), daemon=True)
+    killer.start()
+    started = time.monotonic()
+    second = asyncio.run(_soak_round(server, api.api_key, 1000))
+    stop.set()
+    killer.join(timeout=30)
+    print(f"[soak] round 2: {time.monotonic() - started:.0f} s; stand-in killed with {killed_at[0][1] if killed_at else 0} "
+          f"in flight; served by the stand-ins {[r.stats.served for r in stand_ins]}")
     assert killed_at, "the replica was not killed mid-run"
     for name, results in (("first", first), ("second", second)):
         plain = [(status, text[:200]) for streamed, status, text in results if not streamed and status != 200]

@@ -104,6 +104,10 @@ def test_retry_only_when_the_replica_received_nothing():
     refused = "An unexpected error occurred: Cannot connect to host 127.0.0.1:9 ssl:default [Connect call failed]"
     assert retryable_answer(503, _worker_503(refused))
     assert retryable_answer(503, _worker_503("An unexpected error occurred: Server disconnected"))
+    assert retryable_answer(503, _worker_503("An unexpected error occurred: [Errno None] Can not write request body "
+                                             "for http://127.0.0.1:9/v1/chat/completions"))
+    assert retryable_answer(503, _worker_503("An unexpected error occurred: Response payload is not completed: "
+                                             "<TransferEncodingError: 400, message='Not enough data'>"))
     not_running = json.dumps({"code": 404, "reason": "Not Found",
                               "message": "No running model instance found for model name: 4"}).encode()
     assert retryable_answer(404, not_running)
