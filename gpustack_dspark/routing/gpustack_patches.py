@@ -155,7 +155,8 @@ class WorkerSnapshots:
             if entry is not None and now - entry[0] < self.TTL_S:
                 return entry[1]
             try:
-                copy = type(worker).model_validate(worker.model_dump())
+                # A table model's constructor does not validate: the row as it is, transient.
+                copy = type(worker)(**worker.model_dump())
             except Exception as e:  # the shared row as GPUStack would use it
                 self.failed += 1
                 logger.debug("could not copy worker row: %s", e)

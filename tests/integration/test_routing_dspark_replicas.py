@@ -164,6 +164,8 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     assert routing["retries"]["retried"] > idle["retries"]["retried"], routing["retries"]  # the kill was absorbed
     assert all(v["in_flight"] == 0 for v in routing["in_flight"].values()), routing["in_flight"]
     assert max(routing["tables"].values()) <= 8, routing["tables"]  # per instance, not per request
+    # GPUStack's shared worker row was copied for the proxy (not one failed copy).
+    assert routing["worker_row_copies"]["copied"] >= 1 and routing["worker_row_copies"]["failed"] == 0, routing
     assert replicas[0].info()["requests"]["json_injected"] > real_before  # the real replica took part
     time.sleep(2)
     after = _server_rss_mib(server)

@@ -149,3 +149,24 @@ def test_about_the_same_speed_is_balanced_by_in_flight_alone():
         chosen.append(c)
     assert sorted(chosen) == [1, 1, 2, 2]
     assert pick([1, 2], {1: 1}, 0, {1: 0.010, 2: 0.030}) == 1  # 3x apart: not the same speed
+
+
+def test_the_proxy_gets_a_transient_copy_of_gpustacks_shared_worker_row():
+    import asyncio
+
+    from sqlalchemy import inspect as sa_inspect
+    from gpustack.schemas.workers import Worker
+
+    from gpustack_dspark.routing.gpustack_patches import WorkerSnapshots
+
+    row = Worker(id=3, name="w1", ip="127.0.0.1", port=10150, hostname="h", labels={}, cluster_id=1)
+    snapshots = WorkerSnapshots()
+
+    async def twice():
+        return await snapshots.get(row), await snapshots.get(row)
+
+    first, second = asyncio.run(twice())
+    assert first is not row and first is second and snapshots.copied == 1 and snapshots.failed == 0
+    assert (first.id, first.ip, first.port, first.get_proxy_address()) == (3, "127.0.0.1", 10150, None)
+    assert sa_inspect(first).transient  # bound to no session: reading it never loads
+    assert asyncio.run(snapshots.get(None)) is None
