@@ -155,11 +155,16 @@ class WorkerSnapshots:
             if entry is not None and now - entry[0] < self.TTL_S:
                 return entry[1]
             try:
-                # A table model's constructor does not validate: the row as it is, transient.
-                copy = type(worker)(**worker.model_dump())
+                # Read through the ORM's attributes (an expired row loads here, once, under the
+                # lock; `model_dump()` would read the bare instance dict and see None); a table
+                # model's constructor does not validate: the row as it is, transient.
+                copy = type(worker)(**{name: getattr(worker, name) for name in type(worker).model_fields})
             except Exception as e:  # the shared row as GPUStack would use it
                 self.failed += 1
                 logger.debug("could not copy worker row: %s", e)
+                return worker
+            if getattr(copy, "port", None) is None:  # not a row GPUStack could reach either
+                self.failed += 1
                 return worker
             if len(self._copies) > 256:
                 self._copies.clear()
