@@ -225,8 +225,9 @@ class DSparkPlugin(Plugin):
             missing = missing_assets()
             if missing:
                 raise RuntimeError(f"ui-patches/ lacks {', '.join(missing)}")
+            detail = {"page": "/dspark/console"}
             sampler = ConsoleSampler(self.routing.tracker.snapshot, self.routing.format_stats.snapshot,
-                                     lambda reason: self.features.running(FEATURE_CONSOLE, reason))
+                                     lambda reason: self.features.running(FEATURE_CONSOLE, reason, **detail))
             app.include_router(build_console_router(sampler, Rollouts(), self.features.snapshot))
             app.add_middleware(IndexInjectMiddleware)
         except Exception as e:
@@ -234,7 +235,7 @@ class DSparkPlugin(Plugin):
             self.features.disable(FEATURE_CONSOLE, f"{type(e).__name__}: {e}")
             return
         self.console = sampler
-        self.features.enable(FEATURE_CONSOLE, page="/dspark/console", interval_s=sampler.interval_s)
+        self.features.enable(FEATURE_CONSOLE, **detail)
         self._tasks.append(sampler.task)
 
     def _apply_placement_policy(self) -> None:

@@ -4,7 +4,9 @@ its deploy form. GPUStack 2.3 has no menu extension point. Any other response, a
 problem, goes out unchanged."""
 
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
+
+from gpustack_dspark.asgi_rewrite import GetResponseRewrite, with_length
 
 logger = logging.getLogger(__name__)
 
@@ -22,32 +24,9 @@ def inject(html: bytes) -> bytes:
     return html[:at] + SCRIPT_TAG + html[at:]
 
 
-class IndexInjectMiddleware:
+class IndexInjectMiddleware(GetResponseRewrite):
     def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "GET" or scope.get("path") != "/":
-            await self.app(scope, receive, send)
-            return
-        start: Dict[str, Any] = {}
-        parts: List[bytes] = []
-
-        async def capture(message):
-            if message["type"] == "http.response.start":
-                start.update(message)
-                return
-            if message["type"] == "http.response.body":
-                parts.append(message.get("body", b""))
-                if message.get("more_body"):
-                    return
-                headers, body = _rewrite(start, b"".join(parts))
-                await send({**start, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
-            await send(message)
-
-        await self.app(scope, receive, capture)
+        super().__init__(app, "/", _rewrite)
 
 
 def _rewrite(start: Dict[str, Any], body: bytes) -> Tuple[list, bytes]:
@@ -62,13 +41,10 @@ def _rewrite(start: Dict[str, Any], body: bytes) -> Tuple[list, bytes]:
             return headers, body
         out = []
         for k, v in headers:
-            if k.lower() == b"content-length":
-                continue
             if k.lower() == b"etag":  # another body, another tag: a cached stock page is not reused
                 v = v[:-1] + b'-dspark"' if v.endswith(b'"') else v + b"-dspark"
             out.append((k, v))
-        out.append((b"content-length", str(len(new_body)).encode()))
-        return out, new_body
+        return with_length(out, new_body), new_body
     except Exception as e:
         logger.warning("DSpark could not add its menu entry to GPUStack's page: %s", e)
         return headers, body

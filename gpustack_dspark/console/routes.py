@@ -22,8 +22,8 @@ ASSETS = {"menu.js": "text/javascript", "console.js": "text/javascript", "consol
           "console.html": "text/html"}
 
 
-def missing_assets(ui_dir: Path = UI_DIR) -> list:
-    return [name for name in ASSETS if not (ui_dir / name).is_file()]
+def missing_assets(ui_dir: Optional[Path] = None) -> list:
+    return [name for name in ASSETS if not ((ui_dir or UI_DIR) / name).is_file()]
 
 
 async def _model(model_id: int) -> Optional[Dict[str, Any]]:

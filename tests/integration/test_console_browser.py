@@ -96,6 +96,20 @@ def test_without_a_session_the_page_goes_to_login_and_the_endpoints_answer_401(s
         fresh.close()
 
 
+def test_a_user_who_is_not_an_admin_sees_the_console_but_cannot_change_settings(stack):
+    server, api, model = stack
+    api.post("/v2/users", {"username": "console-viewer", "password": "Viewer-pass-1!", "is_admin": False,
+                           "full_name": "Console Viewer"})
+    with httpx.Client(base_url=server.url, timeout=30) as viewer:
+        viewer.post("/auth/login", data={"username": "console-viewer", "password": "Viewer-pass-1!"}).raise_for_status()
+        assert viewer.get("/v2/dspark/console").status_code == 200
+        assert viewer.get("/dspark/console").status_code == 200
+        for action in ("preview", "apply"):
+            answer = viewer.post(f"/v2/dspark/console/models/{model['id']}/{action}",
+                                 json={"knobs": {"--dspark-speculative-length": "4"}})
+            assert answer.status_code == 403, (action, answer.text)
+
+
 def test_the_menu_entry_leads_to_the_console_listing_the_deployment(stack, tab):
     server, _, model = stack
     entry = tab.locator("a[data-dspark=menu]")

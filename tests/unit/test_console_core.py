@@ -182,3 +182,34 @@ def test_the_index_gets_one_script_and_only_html_200_pages_are_touched():
     for other in ({**start, "status": 304}, {**start, "headers": [(b"content-type", b"application/json")]},
                   {**start, "headers": start["headers"] + [(b"content-encoding", b"gzip")]}):
         assert index_inject._rewrite(other, page)[1] == page
+
+
+def test_missing_ui_files_are_named_so_the_console_can_stay_off(tmp_path):
+    from gpustack_dspark.console.routes import ASSETS, missing_assets
+
+    assert missing_assets() == []  # the checkout's ui-patches/ has them all
+    assert missing_assets(tmp_path) == list(ASSETS)
+
+
+def test_the_rewrites_touch_only_their_get_path_over_asgi():
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
+
+    page = "<html><body><div id=root></div></body></html>"
+    app = Starlette(routes=[
+        Route("/", lambda r: HTMLResponse(page), methods=["GET", "POST"]),
+        Route("/other", lambda r: HTMLResponse(page)),
+        Route("/v2/metrics/config", lambda r: JSONResponse({"runtime_mapping": {"vLLM": {"*": {}}}})),
+    ])
+    app.add_middleware(index_inject.IndexInjectMiddleware)
+    app.add_middleware(MetricsConfigMiddleware, backend_name=BACKEND_NAME)
+    client = TestClient(app)
+    index = client.get("/")
+    assert index.text.count("/dspark/ui/menu.js") == 1 and int(index.headers["content-length"]) == len(index.content)
+    assert client.post("/").text == page and client.get("/other").text == page
+    config = client.get("/v2/metrics/config").json()
+    assert BACKEND_NAME in config["runtime_mapping"]
