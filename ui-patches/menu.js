@@ -30,12 +30,14 @@
     anchor.parentElement.parentElement.insertBefore(item, anchor.parentElement.nextSibling);
   }
 
+  // The backend field of GPUStack's deploy form (antd: the select around #deployModel_backend).
   function dsparkChosen(form) {
-    var items = form.querySelectorAll('.ant-select-selection-item');
-    for (var i = 0; i < items.length; i++) {
-      if (/DSpark/.test(items[i].getAttribute('title') || items[i].textContent || '')) return items[i];
-    }
-    return null;
+    var input = form.querySelector('#deployModel_backend');
+    var select = input ? input.closest('.ant-select') : null;
+    if (!select) return null;
+    var shown = select.querySelector('[title]');
+    var text = (shown && shown.getAttribute('title')) || select.textContent || '';
+    return /DSpark/.test(text) ? select : null;
   }
 
   function updateDeployHint() {
