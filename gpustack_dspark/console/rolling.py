@@ -48,7 +48,7 @@ async def put_backend_parameters(base_url: str, headers: Mapping[str, str], mode
     return r.json()
 
 
-async def _replicas(model_id: int) -> Optional[tuple]:
+async def replicas_now(model_id: int) -> Optional[tuple]:
     import httpx
 
     for model, instances in await read_deployments():
@@ -84,7 +84,7 @@ class Rollouts:
         waiting_since = time.monotonic()
         try:
             while True:
-                found = await _replicas(model_id)
+                found = await replicas_now(model_id)
                 if found is None:
                     state.update(state="failed", message="the deployment was deleted", finished_at=time.time())
                     return

@@ -38,6 +38,18 @@ def next_step(replicas: Sequence[Replica], wanted: int, old_ids: Iterable[int]) 
     return Step(RESTART, present_old[0], f"replica {present_old[0]} runs the old settings")
 
 
+def cannot_start(replicas: Sequence[Replica], wanted: int) -> Optional[str]:
+    """Why a rolling change may not start now (None: it may): restarting one of N replicas
+    keeps N-1 warm only if all N are warm to begin with."""
+    cold = sorted(r.id for r in replicas if not r.warm)
+    if cold:
+        return (f"replica(s) {', '.join(map(str, cold))} not warm: a rolling change starts with every replica "
+                f"warm, so that N-1 stay warm")
+    if len(replicas) < wanted:
+        return f"{len(replicas)} of {wanted} replicas exist: wait until GPUStack has started them all"
+    return None
+
+
 def progress(replicas: Sequence[Replica], old_ids: Iterable[int]) -> List[dict]:
     old = set(old_ids)
     return [{"id": r.id, "warm": r.warm, "settings": "old" if r.id in old else "new"} for r in replicas]

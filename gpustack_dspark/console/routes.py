@@ -10,7 +10,8 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
 from gpustack_dspark.console.editor import EDITABLE, edit_knobs
-from gpustack_dspark.console.rolling import GPUStackRefused, Rollouts, put_backend_parameters
+from gpustack_dspark.console import rollout
+from gpustack_dspark.console.rolling import GPUStackRefused, Rollouts, put_backend_parameters, replicas_now
 from gpustack_dspark.console.sampler import ConsoleSampler, read_deployments
 
 UI_DIR = Path(__file__).resolve().parents[2] / "ui-patches"
@@ -103,6 +104,11 @@ def build_console_router(sampler: ConsoleSampler, rollouts: Rollouts,
                                             "wait until its replicas are warm"}, status_code=409)
         if not edit.changes:
             return JSONResponse({"message": "nothing to change", **edit.as_dict()}, status_code=400)
+        found = await replicas_now(model_id)
+        why_not = rollout.cannot_start(found[1] if found else [], model.get("replicas") or 1)
+        if why_not:
+            return JSONResponse({"message": f"model {model['name']}: {why_not}; nothing was changed",
+                                 **edit.as_dict()}, status_code=409)
         host, port = request.scope.get("server") or ("127.0.0.1", 80)
         try:
             await put_backend_parameters(f"http://{host}:{port}", request.headers, model, edit.backend_parameters)

@@ -148,6 +148,12 @@ def test_the_rollout_restarts_one_old_replica_at_a_time_and_never_goes_below_n_m
         {"id": 2, "warm": True, "settings": "old"}, {"id": 4, "warm": False, "settings": "new"}]
 
 
+def test_a_rollout_starts_only_with_every_replica_warm():
+    assert rollout.cannot_start(_replicas((1, True), (2, True)), 2) is None
+    assert "replica(s) 2 not warm" in rollout.cannot_start(_replicas((1, True), (2, False)), 2)
+    assert "1 of 2 replicas exist" in rollout.cannot_start(_replicas((1, True)), 2)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_a_simulated_rollout_keeps_n_minus_1_warm_at_every_step(n):
     replicas = {i: True for i in range(1, n + 1)}
