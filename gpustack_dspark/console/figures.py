@@ -67,6 +67,14 @@ def _increase(prev: float, cur: float) -> float:
     return cur if cur < prev else cur - prev  # a restarted replica starts from zero
 
 
+def increase(prev: Optional[Counters], cur: Counters) -> Counters:
+    """One replica's increase since its previous sample (none: all of it is new); a counter
+    that went down means the replica restarted, and counts from zero."""
+    prev = prev or Counters()
+    return Counters({k: _increase(prev.values.get(k, 0.0), v) for k, v in cur.values.items()},
+                    {le: _increase(prev.latency_buckets.get(le, 0.0), v) for le, v in cur.latency_buckets.items()})
+
+
 def quantile(q: float, buckets: List[Tuple[float, float]]) -> Optional[float]:
     """Prometheus' `histogram_quantile` on cumulative (le, count) pairs; None without data."""
     buckets = sorted(buckets)
@@ -85,24 +93,26 @@ def quantile(q: float, buckets: List[Tuple[float, float]]) -> Optional[float]:
     return buckets[-1][0]
 
 
-def rates(prev: Optional[Counters], cur: Counters, dt_s: float) -> Dict[str, Optional[float]]:
-    """A deployment's figures over one sampling interval; None where there is nothing to
-    divide (no previous sample, no drafts, no finished requests)."""
-    keys = ("output_tokens_per_s", "acceptance_rate", "tokens_per_forward", "latency_p50_s",
-            "latency_p99_s", "requests_per_s", "withheld")
-    if prev is None or dt_s <= 0:
-        return dict.fromkeys(keys)
-    inc = {k: _increase(prev.values.get(k, 0.0), v) for k, v in cur.values.items()}
-    drafted, drafts, accepted = inc.get("draft_tokens", 0.0), inc.get("drafts", 0.0), inc.get("accepted_tokens", 0.0)
-    buckets = [(le, _increase(prev.latency_buckets.get(le, 0.0), v)) for le, v in cur.latency_buckets.items()]
+FIGURE_KEYS = ("output_tokens_per_s", "acceptance_rate", "tokens_per_forward", "latency_p50_s",
+               "latency_p99_s", "requests_per_s", "withheld")
+
+
+def rates(inc: Optional[Counters], dt_s: float) -> Dict[str, Optional[float]]:
+    """A deployment's figures from its replicas' summed increase over one sampling interval;
+    None where there is nothing to divide (no previous sample, no drafts, no finished requests)."""
+    if inc is None or dt_s <= 0:
+        return dict.fromkeys(FIGURE_KEYS)
+    v = inc.values
+    drafted, drafts, accepted = v.get("draft_tokens", 0.0), v.get("drafts", 0.0), v.get("accepted_tokens", 0.0)
+    buckets = list(inc.latency_buckets.items())
     return {
-        "output_tokens_per_s": inc.get("output_tokens", 0.0) / dt_s,
+        "output_tokens_per_s": v.get("output_tokens", 0.0) / dt_s,
         "acceptance_rate": accepted / drafted if drafted > 0 else None,
         "tokens_per_forward": 1.0 + accepted / drafts if drafts > 0 else None,
         "latency_p50_s": quantile(0.5, buckets),
         "latency_p99_s": quantile(0.99, buckets),
-        "requests_per_s": inc.get("requests", 0.0) / dt_s,
-        "withheld": inc.get("withheld", 0.0),
+        "requests_per_s": v.get("requests", 0.0) / dt_s,
+        "withheld": v.get("withheld", 0.0),
     }
 
 

@@ -75,7 +75,7 @@ class ConsoleSampler:
         self.interval_s = interval_s
         self.series = SeriesStore(window_s, interval_s)
         self._latest: List[Tuple[Dict[str, Any], List[Dict[str, Any]], Dict, Dict]] = []
-        self._prev: Dict[Any, Tuple[float, figures.Counters, int]] = {}
+        self._prev: Dict[Any, Tuple[float, Dict[Any, figures.Counters], int]] = {}
         self._totals: Dict[Any, Dict[str, float]] = {}
         self.last_sample_at: Optional[float] = None
         self.error: Optional[str] = None
@@ -107,10 +107,13 @@ class ConsoleSampler:
             read = await asyncio.gather(*(read_replica(client, i) for i in instances))
             infos = {i["id"]: r[0] for i, r in zip(instances, read) if r[0] is not None}
             info_errors = {i["id"]: r[2] for i, r in zip(instances, read) if r[2] is not None}
-            counters = figures.sum_counters(r[1] for r in read if r[1] is not None)
+            counters = {i["id"]: r[1] for i, r in zip(instances, read) if r[1] is not None}
             format_errors = errors_by_model.get(model["name"], 0)
             prev = self._prev.get(model["id"])
-            point = figures.rates(prev[1] if prev else None, counters, now - prev[0] if prev else 0.0)
+            # Per replica, then summed: a restarted replica counts from zero, the others go on.
+            inc = figures.sum_counters(figures.increase(prev[1].get(i), c) for i, c in counters.items()) \
+                if prev else None
+            point = figures.rates(inc, now - prev[0] if prev else 0.0)
             point["format_errors"] = (max(0, format_errors - prev[2]) if prev else None)
             self._prev[model["id"]] = (now, counters, format_errors)
             totals = self._totals.setdefault(model["id"], {"format_errors": 0, "withheld": 0})

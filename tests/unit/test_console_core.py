@@ -54,7 +54,7 @@ def test_series_are_bounded_in_points_and_keys_and_windowed():
 def test_figures_between_two_samples_match_the_recording_rules():
     prev = _metrics(gen=100, acc=10, draft=40, drafts=10, b1=2, b2=4, withheld=1)
     cur = _metrics(gen=300, acc=70, draft=140, drafts=30, b1=6, b2=14, withheld=3)
-    got = figures.rates(prev, cur, 10.0)
+    got = figures.rates(figures.increase(prev, cur), 10.0)
     assert got["output_tokens_per_s"] == 20.0
     assert got["acceptance_rate"] == 0.6           # 60 accepted / 100 drafted
     assert got["tokens_per_forward"] == 4.0        # 1 + 60 / 20 drafts
@@ -65,12 +65,15 @@ def test_figures_between_two_samples_match_the_recording_rules():
 
 
 def test_figures_without_drafts_or_history_are_none_and_a_restart_counts_from_zero():
-    assert set(figures.rates(None, _metrics(gen=5), 5.0).values()) == {None}
-    got = figures.rates(_metrics(gen=1000), _metrics(gen=50), 5.0)  # the replica restarted
+    assert set(figures.rates(None, 5.0).values()) == {None}
+    got = figures.rates(figures.increase(_metrics(gen=1000), _metrics(gen=50)), 5.0)  # the replica restarted
     assert got["output_tokens_per_s"] == 10.0 and got["acceptance_rate"] is None
     assert got["tokens_per_forward"] is None and got["latency_p50_s"] is None
-    summed = figures.sum_counters([_metrics(gen=1), _metrics(gen=2)])
-    assert summed.values["output_tokens"] == 3
+    # Two replicas, one restarted: the other's cumulative count is not taken as new.
+    steady = figures.increase(_metrics(gen=5000), _metrics(gen=5100))
+    restarted = figures.increase(_metrics(gen=800), _metrics(gen=20))
+    assert figures.rates(figures.sum_counters([steady, restarted]), 10.0)["output_tokens_per_s"] == 12.0
+    assert figures.increase(None, _metrics(gen=7)).values["output_tokens"] == 7  # a new replica
     with pytest.raises(ValueError):
         figures.parse_metrics("not prometheus { text")
 
