@@ -3,6 +3,7 @@ authentication (`get_current_user`: session cookie, API key; admin-only changes 
 `get_admin_user`). The page without a session goes to GPUStack's login; the endpoints
 answer 401 (GPUStack's own answer)."""
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -14,7 +15,11 @@ from gpustack_dspark.console import rollout
 from gpustack_dspark.console.rolling import GPUStackRefused, Rollouts, put_backend_parameters, replicas_now
 from gpustack_dspark.console.sampler import ConsoleSampler, read_deployments
 
-UI_DIR = Path(__file__).resolve().parents[2] / "ui-patches"
+# ui-patches/ beside the package (a checkout, an editable install), else where a wheel puts it
+# (pyproject's data-files: <prefix>/share/gpustack-dspark/ui-patches).
+_CHECKOUT_UI = Path(__file__).resolve().parents[2] / "ui-patches"
+_INSTALLED_UI = Path(sys.prefix) / "share" / "gpustack-dspark" / "ui-patches"
+UI_DIR = _CHECKOUT_UI if (_CHECKOUT_UI / "console.js").is_file() else _INSTALLED_UI
 PAGE_PATH = "/dspark/console"
 ASSET_PREFIX = "/dspark/ui"
 API_PATH = "/v2/dspark/console"
