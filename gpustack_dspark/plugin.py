@@ -15,6 +15,10 @@ from gpustack.extension import Plugin
 from gpustack_dspark import __version__, backend
 from gpustack_dspark.admission import gpustack_patches as admission_patches
 from gpustack_dspark.admission.body_limit import BodyLimitMiddleware
+from gpustack_dspark.console.index_inject import IndexInjectMiddleware
+from gpustack_dspark.console.rolling import Rollouts
+from gpustack_dspark.console.routes import build_console_router, missing_assets
+from gpustack_dspark.console.sampler import ConsoleSampler
 from gpustack_dspark.k8s.feature import NodeLabelSync
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
@@ -46,10 +50,11 @@ FEATURE_METRICS_COLLECTION = "metrics_collection"  # GPUStack's workers scrape D
 FEATURE_ADMISSION = "admission"  # bad DSpark knobs refused where GPUStack validates models
 FEATURE_START_FAILURES = "start_failure_reasons"  # a replica's config error in state_message, no restart loop
 FEATURE_NODE_LABEL_SYNC = "node_label_sync"  # Kubernetes node labels -> the JSON worker label
+FEATURE_CONSOLE = "console"  # the DSpark page in GPUStack's web UI, its menu entry, the sampler
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
                      FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION, FEATURE_ADMISSION,
-                     FEATURE_START_FAILURES, FEATURE_NODE_LABEL_SYNC)
+                     FEATURE_START_FAILURES, FEATURE_NODE_LABEL_SYNC, FEATURE_CONSOLE)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -81,6 +86,7 @@ class DSparkPlugin(Plugin):
         self._tasks: List[Callable[[], Awaitable[None]]] = []
         self.routing = RoutingFeature()
         self.node_label_sync: Optional[NodeLabelSync] = None
+        self.console: Optional[ConsoleSampler] = None
         for name in (FEATURE_STATUS_API,) + INTERNAL_FEATURES:
             self.features.declare(name)
         try:
@@ -116,6 +122,7 @@ class DSparkPlugin(Plugin):
         self._apply_metrics_collection(app)
         self._apply_node_label_sync()
         self._apply_admission(app)
+        self._apply_console(app)
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -213,6 +220,25 @@ class DSparkPlugin(Plugin):
                 return result
         app.add_middleware(BodyLimitMiddleware)
         return result
+
+    def _apply_console(self, app) -> None:
+        # Off (with the reason) if anything is missing; GPUStack's own UI is then untouched.
+        try:
+            missing = missing_assets()
+            if missing:
+                raise RuntimeError(f"ui-patches/ lacks {', '.join(missing)}")
+            detail = {"page": "/dspark/console"}
+            sampler = ConsoleSampler(self.routing.tracker.snapshot, self.routing.format_stats.snapshot,
+                                     lambda reason: self.features.running(FEATURE_CONSOLE, reason, **detail))
+            app.include_router(build_console_router(sampler, Rollouts(), self.features.snapshot))
+            app.add_middleware(IndexInjectMiddleware)
+        except Exception as e:
+            logger.exception("gpustack-dspark console is off")
+            self.features.disable(FEATURE_CONSOLE, f"{type(e).__name__}: {e}")
+            return
+        self.console = sampler
+        self.features.enable(FEATURE_CONSOLE, **detail)
+        self._tasks.append(sampler.task)
 
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.

@@ -17,7 +17,9 @@ disk is never touched.
 import copy
 import json
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
+
+from gpustack_dspark.asgi_rewrite import GetResponseRewrite, with_length
 
 from gpustack_dspark.drafting_metrics import BUDGET_GAUGES
 from gpustack_dspark.drafting_metrics import METRICS as DRAFTING_METRICS
@@ -64,36 +66,13 @@ def with_dspark_runtime(config: Dict[str, Any], backend_name: str) -> Dict[str, 
     return out
 
 
-class MetricsConfigMiddleware:
+class MetricsConfigMiddleware(GetResponseRewrite):
     """Rewrites the JSON body of `GET /v2/metrics/config`; everything else passes through.
     On any problem the original response goes out unchanged."""
 
     def __init__(self, app, backend_name: str) -> None:
-        self.app = app
+        super().__init__(app, CONFIG_PATH, self._rewrite)
         self.backend_name = backend_name
-
-    async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "GET" or scope.get("path") != CONFIG_PATH:
-            await self.app(scope, receive, send)
-            return
-        start: Dict[str, Any] = {}
-        parts: List[bytes] = []
-
-        async def capture(message):
-            if message["type"] == "http.response.start":
-                start.update(message)
-                return
-            if message["type"] == "http.response.body":
-                parts.append(message.get("body", b""))
-                if message.get("more_body"):
-                    return
-                headers, body = self._rewrite(start, b"".join(parts))
-                await send({**start, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
-            await send(message)
-
-        await self.app(scope, receive, capture)
 
     def _rewrite(self, start: Dict[str, Any], body: bytes) -> Tuple[list, bytes]:
         headers = list(start.get("headers") or [])
@@ -107,6 +86,4 @@ class MetricsConfigMiddleware:
         except Exception as e:
             logger.warning("DSpark could not add its runtime to GPUStack's metrics config: %s", e)
             return headers, body
-        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(new_body)).encode()))
-        return headers, new_body
+        return with_length(headers, new_body), new_body

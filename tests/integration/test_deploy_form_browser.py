@@ -3,27 +3,16 @@ backend and pre-fills its knobs (the plugin ships no UI code for this), and show
 plugin's knob refusal inline (GPUStack's compatibility check, `POST /v2/model-evaluations`);
 "Submit Anyway" is refused too. Screenshots go to test-artifacts/ (DSPARK_TEST_ARTIFACTS)."""
 
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from gpustack_dspark import knobs
-from gpustack_dspark.devstack.server import ADMIN_USER
 from gpustack_dspark.devstack.worker import join_cpu_worker
 from tests.conftest import admin_api
+from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
 
 pytestmark = pytest.mark.integration
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Closed network: without these Chromium keeps trying to reach Google's services.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-ARTIFACTS = Path(os.environ.get("DSPARK_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +27,7 @@ def page(server):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
         tab.set_default_timeout(20_000)
-        tab.goto(f"{server.url}/")
-        tab.locator("input").first.fill(ADMIN_USER)
-        tab.locator("input[type=password]").fill(server.admin_password)
-        tab.keyboard.press("Enter")
-        tab.wait_for_url("**/#/**")
-        skip = tab.get_by_text("Skip for Now")  # a fresh GPUStack asks for a first cluster / worker
-        try:
-            skip.click(timeout=20_000)  # it can take a while on a loaded machine
-        except playwright_api.TimeoutError:
-            pass
+        log_in(playwright_api, tab, server.url, server.admin_password)
         yield tab
         browser.close()
 
@@ -72,6 +52,13 @@ def test_deploy_form_prefills_the_dspark_knobs(page, tmp_path):
     page.screenshot(path=str(tmp_path / "deploy-form.png"))
     values = [field.input_value() for field in page.locator("input").all()]
     assert [v for v in values if v.startswith("--")] == list(knobs.form_defaults())
+    # The console's hint (ui-patches/menu.js), shown once DSpark is the chosen backend.
+    hint = page.locator("#dspark-deploy-hint")
+    hint.wait_for()
+    assert hint.locator("a").get_attribute("href") == "/dspark/console"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    hint.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "console-deploy-form-hint.png"))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from gpustack_dspark.bench import workloads
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
 from gpustack_dspark.routing import speed
 from tests.conftest import dspark_status, wait_for
+from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
 
 # The module's first test carries the stack's start: a cold image build on a fresh machine
 # and GPUStack's provisioning take minutes (the project default is 900 s per test).
@@ -197,6 +198,63 @@ def test_a_killed_replica_loses_no_request_restarts_and_rewarms_before_traffic(s
     assert [r.status_code for r in again] == [200] * 12
     after = _served(s)
     assert after[victim["id"]] - before.get(victim["id"], 0) >= 3, (before, after)  # takes traffic again
+
+
+def test_the_console_rolls_a_knob_change_through_the_replicas_one_at_a_time(stack):
+    """The DSpark console in headless Chromium on this stack, where GPUStack's worker itself
+    restarts the replicas: speculative length 3 previewed, applied as a rolling change (the
+    model update `gpustack-dspark apply` makes, then one replica at a time), never fewer than
+    N-1 warm, and every replica warm again with the new length."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    s = stack
+    name, old_ids = s.model["name"], {i["id"] for i in s.instances()}
+    headers = {"Authorization": f"Bearer {s.api.api_key}"}
+
+    def console() -> Dict:
+        data = httpx.get(f"{s.server.url}/v2/dspark/console", headers=headers, timeout=10).json()
+        return next(d for d in data["deployments"] if d["name"] == name)
+
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        tab = chromium.new_page(viewport={"width": 1400, "height": 1000})
+        tab.set_default_timeout(30_000)
+        log_in(playwright_api, tab, s.server.url, s.admin_password)
+        tab.goto(f"{s.server.url}/dspark/console")
+        card = tab.locator(f"[data-testid='deployment-{name}']")
+        wait_for(lambda: "2 / 2 warm" in card.locator("h2").inner_text(), 60, "both replicas warm on the page")
+        card.locator("[data-testid='knob--dspark-speculative-length']").fill("3")
+        card.get_by_role("button", name="Preview change").click()
+        card.locator("[data-testid=diff]").wait_for()
+        card.get_by_role("button", name="Apply as rolling change").click()
+        card.locator("[data-testid=rollout]").wait_for()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "console-rolling.png"), full_page=True)
+        started = time.monotonic()
+        warm_seen, restarted_seen = [], []
+        while time.monotonic() - started < 900:
+            d = console()
+            warm_seen.append(d["replicas_warm"])
+            restarted_seen.append(len(d["rollout"]["restarted"]))
+            if d["rollout"]["state"] != "rolling":
+                break
+            time.sleep(1.0)
+        print(f"[e2e] rolling change: {d['rollout']}; warm replicas seen {sorted(set(warm_seen))} "
+              f"in {time.monotonic() - started:.0f}s")
+        assert d["rollout"]["state"] == "done", d["rollout"]
+        wait_for(lambda: "rolling change: done" in card.locator("[data-testid=rollout]").inner_text()
+                 and "2 / 2 warm" in card.locator("h2").inner_text(), 30, "the page showing the change done")
+        tab.screenshot(path=str(ARTIFACTS / "console-rolled.png"), full_page=True)
+        chromium.close()
+    assert min(warm_seen) >= 1, warm_seen  # never below N-1 of 2
+    assert restarted_seen == sorted(restarted_seen) and restarted_seen[-1] == 2  # one at a time, both
+    assert sorted(d["rollout"]["restarted"]) == sorted(old_ids)
+    instances = [i for i in s.api.items("/v2/model-instances") if i["model_id"] == s.model["id"]]
+    assert len(instances) == 2 and not ({i["id"] for i in instances} & old_ids), instances
+    assert "--dspark-speculative-length=3" in s.api.get(f"/v2/models/{s.model['id']}")["backend_parameters"]
+    for inst in instances:
+        info = replica_info(inst, timeout_s=5)
+        assert info["phase"] == "ready" and info["speculative_length"] == 3, info
+    assert [r.status_code for r in [_post(s, _body(s, i)) for i in range(2)]] == [200, 200]
 
 
 def test_deleting_the_model_removes_its_containers(stack):

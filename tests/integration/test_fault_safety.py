@@ -27,8 +27,17 @@ def test_unsupported_gpustack_version_disables_features_not_the_server(start_ser
     for feature in ("backend_registration", "vllm_resource_fit"):
         assert status["features"][feature] == {"state": "disabled", "reason": reason}
     assert status["features"]["status_api"]["state"] == "enabled"
+    assert status["features"]["console"] == {"state": "disabled", "reason": reason}
+    _assert_stock_index(server)
     assert backend.BACKEND_NAME not in _assert_gpustack_serves(server, api)
     server.stop()
+
+
+def _assert_stock_index(server):
+    """The console is off: GPUStack's own page, no script added, no console page."""
+    index = httpx.get(f"{server.url}/", timeout=5)
+    assert index.status_code == 200 and "umi." in index.text and "/dspark/ui/menu.js" not in index.text
+    assert httpx.get(f"{server.url}/dspark/console", timeout=5).status_code == 404
 
 
 def test_unreachable_database_for_registration_is_reported(start_server):
@@ -40,6 +49,13 @@ def test_unreachable_database_for_registration_is_reported(start_server):
         60, "the registration to give up")
     assert "registering the DSpark-custom backend failed: ConnectionRefusedError" in feature["reason"]
     assert dspark_status(server, key)["features"]["vllm_resource_fit"]["state"] == "enabled"
+    # The console's sampler cannot read the deployments: it says why, its page still answers.
+    console = wait_for(lambda: (f := dspark_status(server, key)["features"]["console"]).get("reason") and f,
+                       30, "the console's sampling error")
+    assert console["state"] == "enabled" and "ConnectionRefusedError" in console["reason"], console
+    data = httpx.get(f"{server.url}/v2/dspark/console", headers={"Authorization": f"Bearer {key}"}, timeout=5).json()
+    assert "ConnectionRefusedError" in data["sampler"]["error"] and data["deployments"] == []
+    assert "/dspark/ui/menu.js" in httpx.get(f"{server.url}/", timeout=5).text
     _assert_gpustack_serves(server, api)
     assert "gave up after 2 attempts" in server.log_path.read_text()
     server.stop()
@@ -61,6 +77,8 @@ def test_disable_switch_turns_features_off(start_server):
     assert status["settings"]["disabled"] is True
     for feature in ("backend_registration", "vllm_resource_fit"):
         assert status["features"][feature] == {"state": "disabled", "reason": "turned off by --dspark-disable"}
+    assert status["features"]["console"] == {"state": "disabled", "reason": "turned off by --dspark-disable"}
+    _assert_stock_index(server)
     assert backend.BACKEND_NAME not in _assert_gpustack_serves(server, api)
     server.stop()
 

@@ -20,6 +20,13 @@ elif FAULT == "database-unreachable":
         raise ConnectionRefusedError("[Errno 111] connection to the database refused (injected by the tests)")
 
     backend.register_backend = _unreachable
+
+    from gpustack_dspark.console import sampler
+
+    async def _no_deployments():
+        raise ConnectionRefusedError("[Errno 111] connection to the database refused (injected by the tests)")
+
+    sampler.read_deployments = _no_deployments
     plugin.REGISTRATION_ATTEMPTS = 2
     plugin.REGISTRATION_FIRST_DELAY_S = 0.1
 
