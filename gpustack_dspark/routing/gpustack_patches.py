@@ -232,6 +232,8 @@ async def _next_attempt(ctx: "_Context", slot: RequestSlot, worker, headers) -> 
     """Move the request to another candidate instance (the retry's choice uses the policy's
     balance); returns its worker and the headers that route to it, or None when there is
     no other instance."""
+    if slot.instance_id is not None:
+        ctx.tracker.failed(slot.instance_id)
     others = [i for i in slot.candidates if i.id not in slot.tried]
     if not others:
         ctx.stats.retries["no_other_instance"] += 1

@@ -76,6 +76,11 @@ class InFlightTracker:
         with self._lock:
             self.times.observe(instance_id, self._model_of.get(instance_id), seconds, tokens, self._clock())
 
+    def failed(self, instance_id: int) -> None:
+        """`instance_id` received nothing: it ramps in again (slow start)."""
+        with self._lock:
+            self.slow_start.failed(instance_id, self._clock())
+
     def see(self, group: int, instances: Sequence[Tuple[int, Optional[int]]]) -> None:
         """The RUNNING candidates `(id, restart_count)` of one choice (slow start's input)."""
         with self._lock:

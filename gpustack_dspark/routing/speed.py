@@ -12,7 +12,9 @@ Three pieces, all fed only by what the proxy already sees (no probes):
   (age / ramp_s) ** (1 / aggression))`). "Turned RUNNING" is seen at the choice: a new
   instance of a model already routed, an instance whose `restart_count` changed, or one
   that was missing from the RUNNING candidates of an earlier choice. The instances of a
-  model seen at its first choice after the server started do not ramp.
+  model seen at its first choice after the server started do not ramp. An instance that
+  received nothing (the proxy's retry case) ramps again too: a dead replica GPUStack still
+  lists as RUNNING gets a probe's share until it answers.
 - `pick`: the candidate with the lowest `estimate x (in_flight + 1) / weight` (peak-EWMA
   style, as Finagle's and Linkerd's balancers); exact ties round-robin by turn. Estimates
   within `SAME_SPEED_BAND` (1.25x) of the fastest count as equal to it, so replicas of about
@@ -167,6 +169,18 @@ class SlowStart:
             seen.restart_count = restart_count
             seen.last_seen = now
         self._groups[group] = ids
+
+    def failed(self, instance_id: int, now: float) -> None:
+        """The instance received nothing (refused, reset): ramp it in again from `min_weight`,
+        so a dead replica GPUStack still lists RUNNING gets a probe's share, not a full one."""
+        if self.config.ramp_s <= 0:
+            return
+        seen = self._instances.get(instance_id)
+        if seen is None:
+            self._instances[instance_id] = _Seen(None, now, now)
+        else:
+            seen.warm_since = now
+        self.ramps_started += 1
 
     def weight(self, instance_id: int, now: float) -> float:
         seen = self._instances.get(instance_id)

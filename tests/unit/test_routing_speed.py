@@ -170,3 +170,14 @@ def test_the_proxy_gets_a_transient_copy_of_gpustacks_shared_worker_row():
     assert (first.id, first.ip, first.port, first.get_proxy_address()) == (3, "127.0.0.1", 10150, None)
     assert sa_inspect(first).transient  # bound to no session: reading it never loads
     assert asyncio.run(snapshots.get(None)) is None
+
+
+def test_an_instance_that_received_nothing_gets_a_probes_share():
+    clock = Clock()
+    tracker = InFlightTracker(SlowStartConfig(ramp_s=30, min_weight=0.1), clock=clock)
+    tracker.see(7, [(1, 0), (2, 0)])
+    tracker.failed(2)  # refused a request: GPUStack still lists it RUNNING
+    burst = _burst(tracker, 7, [1, 2], 20)
+    assert burst.count(2) <= 2, burst
+    clock.now += 30  # it answers again: back to a full share
+    assert tracker.snapshot()[2]["weight"] == 1.0
