@@ -105,19 +105,19 @@ def test_replicas_go_starting_then_running_only_once_warm(stack):
     assert {c["Image"] for c in containers if not c["Names"][0].endswith("-pause")} == {s.image}
 
 
-def _expected_wave(s: ContainerStack, size: int) -> List[int]:
+def _expected_wave(s: ContainerStack, size: int) -> Dict[int, int]:
     """How the routing policy (expected finish time, slow start) splits `size` requests sent
     together, from the proxy's own estimates now (nothing in flight): the pure rule of
-    routing/speed.py applied to GET /v2/dspark/status."""
+    routing/speed.py applied to GET /v2/dspark/status. By instance id."""
     rows = dspark_status(s.server, s.api.api_key)["routing"]["in_flight"]
     ids = sorted(i["id"] for i in s.instances())
     estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
     weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
-    counts: Dict[int, int] = {}
+    counts: Dict[int, int] = {i: 0 for i in ids}
     for turn in range(size):
         chosen = speed.pick(ids, counts, turn, estimates, weights)
-        counts[chosen] = counts.get(chosen, 0) + 1
-    return sorted(counts.get(i, 0) for i in ids)
+        counts[chosen] += 1
+    return counts
 
 
 def test_json_through_gpustack_is_valid_and_spread_by_expected_finish_time(stack):
@@ -134,12 +134,16 @@ def test_json_through_gpustack_is_valid_and_spread_by_expected_finish_time(stack
             expected.append(_expected_wave(s, 4))
             responses += list(pool.map(lambda i: _post(s, _body(s, 4 * wave + i)), range(4)))
             after = _served(s)
-            splits.append(sorted(after[k] - before.get(k, 0) for k in after))
-    print(f"[e2e] per-wave split over the two replicas: {splits} (the rule: {expected})")
+            splits.append({k: after[k] - before.get(k, 0) for k in after})
+    print(f"[e2e] per-wave split by instance: {splits} (the rule on the proxy's estimates: {expected})")
     assert [r.status_code for r in responses] == [200] * 16, [r.text[:200] for r in responses if r.status_code != 200]
     for r in responses:
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
-    assert splits == expected, (splits, expected)
+    # Each wave as the rule says, give or take one request (a near-tie of two estimates can
+    # fall either way between the status read and the choice); both replicas served.
+    for got, want in zip(splits, expected):
+        assert sum(got.values()) == 4 and sum(abs(got.get(i, 0) - n) for i, n in want.items()) <= 2, (splits, expected)
+    assert all(sum(w.get(i, 0) for w in splits) >= 1 for i in expected[0]), splits
     routing = dspark_status(s.server, s.api.api_key)["routing"]
     assert routing["in_flight_total"] == 0 and routing["decisions"].get("json", 0) >= 16, routing
     assert all((routing["in_flight"].get(str(i["id"])) or {}).get("samples", 0) >= 1 for i in s.instances()), routing
