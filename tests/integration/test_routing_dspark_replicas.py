@@ -118,6 +118,12 @@ def _kill_when_busy(replica, in_flight, killed_at, stop):
         time.sleep(0.005)
 
 
+def _routing_once_idle(server, api, when):
+    """The routing status once nothing is in flight (waits up to 120 s)."""
+    return wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
+                    120, f"in-flight to return to 0 {when}")
+
+
 def _stream_ended_well(text):
     events = [line for line in text.splitlines() if line.startswith("data:")]
     return bool(events) and (events[-1].strip() == "data: [DONE]" or '"error"' in events[-1])
@@ -136,8 +142,7 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     first = asyncio.run(_soak_round(server, api.api_key, 1000))
     print(f"[soak] round 1: {time.monotonic() - started:.0f} s")
     gc.collect()
-    idle = wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
-                    120, "in-flight to return to 0 after the first round")
+    idle = _routing_once_idle(server, api, "after the first round")
     print(f"[soak] after round 1: served by the stand-ins {[r.stats.served for r in stand_ins]}, "
           f"estimates {idle['in_flight']}")
     time.sleep(2)
@@ -158,8 +163,7 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
         streams = [(status, text[-300:]) for streamed, status, text in results if streamed]
         bad = [s for s in streams if s[0] != 200 or not _stream_ended_well(s[1])]
         assert not bad, (name, len(bad), bad[:5])
-    routing = wait_for(lambda: (r := dspark_status(server, api.api_key)["routing"])["in_flight_total"] == 0 and r,
-                       120, "in-flight to return to 0 after the soak")
+    routing = _routing_once_idle(server, api, "after the soak")
     assert routing["unmatched_releases"] == 0
     assert routing["retries"]["retried"] > idle["retries"]["retried"], routing["retries"]  # the kill was absorbed
     assert all(v["in_flight"] == 0 for v in routing["in_flight"].values()), routing["in_flight"]
