@@ -42,7 +42,7 @@ $(WORKER_STAMP): pyproject.toml $(WORKER_LOCK)
 	touch $(WORKER_STAMP)
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
 unit: venv tools
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit

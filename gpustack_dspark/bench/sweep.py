@@ -4,7 +4,9 @@ model-YAML change that applies it, and the curve (PNG).
 A setting is (speculative length, accept threshold); length 0 is no speculation (`dspark-serve`
 without `--enable-dspark`, as `bench.drafting` measures it; the requests carry their schema)
 and `auto` is the drafting layer's per-step budget. Each setting is measured at every concurrency level. The
-sweep measures and recommends; it changes nothing on a deployment (docs/drafting.md).
+sweep measures and recommends; on a scratch replica it changes nothing on a deployment, and on a
+running deployment (`--deployment`, cli/sweep_rolling.py) it changes one replica at a time and
+puts the deployment's own backend parameters back at the end (docs/drafting.md).
 """
 
 import csv
@@ -118,6 +120,40 @@ def grid(lengths: Sequence[Length], thresholds: Sequence[float], concurrency: Se
         raise GridError(f"the grid has {len(settings) * len(concurrency)} cells; allowed: at most {MAX_GRID} "
                         "(fewer --lengths, --thresholds or --concurrency levels)")
     return settings
+
+
+SWEPT_FLAGS = ("--dspark-speculative-length", "--dspark-accept-threshold", "--dspark-speculative-max")
+
+
+def deployment_parameters(backend_parameters: Optional[Sequence[str]], setting: Setting) -> List[str]:
+    """A running deployment's backend parameters with one setting's knobs in place of its own
+    (everything else kept where it stands; console/editor.edit_knobs, the knob parsers' messages).
+    Length 0 is refused: it turns DSpark off on a replica that serves live traffic, and with it
+    the JSON default that replica's clients rely on (a scratch replica measures it)."""
+    from gpustack_dspark.console.editor import edit_knobs
+
+    if setting.length == 0:
+        raise GridError("--lengths 0: no speculation would turn DSpark off on a replica that serves live traffic "
+                        "(its clients lose the JSON default); measure it on a scratch replica (--model-path)")
+    wanted: Dict[str, Optional[str]] = {"--dspark-speculative-length": str(setting.length)}
+    if setting.threshold is not None:
+        wanted["--dspark-accept-threshold"] = f"{setting.threshold:g}"
+    if setting.length != AUTO:
+        wanted["--dspark-speculative-max"] = None  # only allowed with auto
+    edit = edit_knobs(backend_parameters, wanted)
+    if edit.errors:
+        raise GridError("; ".join(edit.errors.values()))
+    return edit.backend_parameters
+
+
+def shows_setting(info: Optional[Dict[str, Any]], setting: Setting) -> bool:
+    """Whether a replica's /dspark/info says it runs this setting (not the parameters it had)."""
+    if not info or info.get("phase") != "ready" or not info.get("enabled"):
+        return False
+    knobs = info.get("knobs") or {}
+    if str(knobs.get("speculative_length")) != str(setting.length) and info.get("speculative_length") != setting.length:
+        return False
+    return setting.threshold is None or setting.threshold in (knobs.get("accept_threshold"), info.get("accept_threshold"))
 
 
 @dataclass

@@ -1,15 +1,17 @@
 """`gpustack-dspark sweep`: measure speculative lengths x thresholds x concurrency levels on a
-scratch replica and recommend a setting.
+scratch replica or on a running deployment, and recommend a setting.
 
     gpustack-dspark sweep --model-path /models/orders --lengths 0,2,4,6,8,auto \\
         --thresholds 0.3,0.7 --concurrency 1,8,32 --requests 64 --out sweep/
+    gpustack-dspark sweep --deployment orders --server URL --api-key KEY --lengths 2,4,6,8,auto --out sweep/
 
-For each setting a scratch `dspark-serve` replica is started on loopback (one at a time),
-measured at every concurrency level with the `bench` runner, and stopped (also on Ctrl-C).
-Writes sweep.csv, sweep.json and sweep.png (goodput curves per concurrency) to --out, prints
-the table, the best setting per load and the model-YAML change that applies it. Every
-argument is checked before a replica starts. Not here: the rolling sweep of a running
-GPUStack deployment (docs/drafting.md says what is missing).
+Scratch (--model-path): for each setting a `dspark-serve` replica is started on loopback (one
+at a time), measured at every concurrency level with the `bench` runner, and stopped (also on
+Ctrl-C). Rolling (--deployment): each setting is rolled onto one replica of the running
+deployment, never fewer than N-1 warm, and the deployment's own settings are put back at the
+end or on Ctrl-C (cli/sweep_rolling.py). Writes sweep.csv, sweep.json and sweep.png (goodput
+curves per concurrency) to --out, prints the table, the best setting per load and the
+model-YAML change that applies it. Every argument is checked before anything starts or changes.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from gpustack_dspark.bench import sweep, workloads
 from gpustack_dspark.cli.errors import BadInput
@@ -31,14 +33,21 @@ LIMITS = {"requests": (1, 100_000), "max_tokens": (1, 32768), "timeout": (1, 360
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "sweep", help="measure speculative lengths x thresholds x concurrency on a scratch replica; plot, recommend",
-        description="Start a scratch dspark-serve replica per setting (loopback, one at a time), load it with the "
-                    "bench runner at each concurrency, and write sweep.csv/.json/.png and the best setting per "
-                    "load with the model-YAML change that applies it.")
-    parser.add_argument("--model-path", required=True, metavar="DIR", help="model directory for the scratch replica")
-    parser.add_argument("--lengths", default="0,2,4,6,8,auto",
-                        help="speculative lengths: integers 0-16 (0 = no speculation), ranges 2-8, auto "
-                             "(default 0,2,4,6,8,auto)")
+        "sweep", parents=[common],
+        help="measure speculative lengths x thresholds x concurrency on a scratch replica or a running "
+             "deployment; plot, recommend",
+        description="Start a scratch dspark-serve replica per setting (loopback, one at a time), or roll each "
+                    "setting onto one replica of a running deployment (--deployment; N-1 keep serving, restored "
+                    "at the end), load it with the bench runner at each concurrency, and write "
+                    "sweep.csv/.json/.png and the best setting per load with the model-YAML change that applies it.")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--model-path", metavar="DIR", help="model directory for a scratch replica")
+    target.add_argument("--deployment", metavar="NAME",
+                        help="a running DSpark deployment on --server: each setting rolled onto one of its replicas "
+                             "(at least 2), its own settings restored at the end or on Ctrl-C; lengths 1-16/auto")
+    parser.add_argument("--lengths", default=None,
+                        help="speculative lengths: integers 0-16 (0 = no speculation, scratch replicas only), "
+                             "ranges 2-8, auto (default 0,2,4,6,8,auto; with --deployment 2,4,6,8,auto)")
     parser.add_argument("--thresholds", default="0.3", help="accept thresholds, 0 < x < 1 (default 0.3)")
     parser.add_argument("--concurrency", default="1,8", help="concurrency levels (default 1,8)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell (default 32)")
@@ -61,6 +70,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> Dict[str, Any]:
     """Every argument checked; returns the parsed grid. Raises BadInput (exit 2) with one line."""
     try:
+        if args.lengths is None:
+            args.lengths = "2,4,6,8,auto" if args.deployment is not None else "0,2,4,6,8,auto"
         lengths = sweep.parse_lengths(args.lengths)
         thresholds = sweep.parse_thresholds(args.thresholds)
         levels = sweep.parse_concurrency(args.concurrency)
@@ -71,9 +82,26 @@ def check_args(args: argparse.Namespace) -> Dict[str, Any]:
         value = getattr(args, name)
         if not (low <= value <= high):
             raise BadInput(f"--{name.replace('_', '-')} {value}: must be between {low} and {high}")
-    model = Path(args.model_path)
-    if not (model / "config.json").is_file():
-        raise BadInput(f"--model-path {args.model_path}: not a model directory (no config.json)")
+    if args.deployment is not None:
+        from gpustack_dspark.cli.client import API_KEY_ENV, SERVER_ENV
+
+        if not args.server or not str(args.server).startswith(("http://", "https://")):
+            raise BadInput(f"--server {args.server!r}: a GPUStack URL (http:// or https://) is needed with "
+                           f"--deployment (or set {SERVER_ENV})")
+        if not args.api_key:
+            raise BadInput(f"--api-key: a GPUStack API key is needed with --deployment (or set {API_KEY_ENV})")
+        if args.serve_args:
+            raise BadInput("--serve-args: only for scratch replicas (--model-path); a deployment keeps its own "
+                           "backend parameters")
+        if 0 in lengths:
+            try:
+                sweep.deployment_parameters([], sweep.Setting(0, None))
+            except sweep.GridError as e:
+                raise BadInput(str(e)) from None
+    else:
+        model = Path(args.model_path)
+        if not (model / "config.json").is_file():
+            raise BadInput(f"--model-path {args.model_path}: not a model directory (no config.json)")
     try:
         extra = shlex.split(args.serve_args)
     except ValueError as e:
@@ -90,8 +118,8 @@ def check_args(args: argparse.Namespace) -> Dict[str, Any]:
         from gpustack_dspark.cli.bench import load_schema
 
         schema = load_schema(args.schema)
-    serve = _serve_binary()
-    if serve is None:
+    serve = _serve_binary() if args.deployment is None else None
+    if serve is None and args.deployment is None:
         raise BadInput("dspark-serve not found: install gpustack-dspark[worker] beside vLLM, or set "
                        "DSPARK_WORKER_VENV to that environment")
     return {"lengths": lengths, "thresholds": thresholds, "levels": levels, "settings": settings,
@@ -135,33 +163,42 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: List[sweep.Row] = []
     settings = checked["settings"]
-    for index, setting in enumerate(settings, start=1):
-        print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
-        replica = _start(checked["serve"], Path(args.model_path), args.device, out / f"replica-{index}.log",
-                         setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
-        try:
+
+    def measure(setting: sweep.Setting, base_url: str, served: Optional[str]) -> None:
+        for level in checked["levels"]:
+            bench = Settings(concurrency=level, requests=args.requests, duration_s=None, stream=True,
+                             warmup=args.warmup, timeout_s=args.timeout, body=body, check=check,
+                             progress=progress)
             try:
-                replica.wait_ready(args.ready_timeout)
-            except (RuntimeError, TimeoutError) as e:
-                raise CLIError(f"{setting.label}: the scratch replica did not start: {str(e).splitlines()[0]} "
-                               f"(log: {out / f'replica-{index}.log'})") from None
-            for level in checked["levels"]:
-                bench = Settings(concurrency=level, requests=args.requests, duration_s=None, stream=True,
-                                 warmup=args.warmup, timeout_s=args.timeout, body=body, check=check,
-                                 progress=progress)
-                try:
-                    target_run = asyncio.run(run_target(replica.base_url, None, bench, None,
-                                                        label=f"{setting.label} @ {level}"))
-                except BenchError as e:
-                    raise CLIError(f"{setting.label} at concurrency {level}: {e}") from None
-                figures = figures_of(target_run)
-                stats = target_run.stats
-                goodput = sweep.goodput(stats, check)
-                rows.append(sweep.row_of(setting, level, figures, goodput))
-                print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr)
-        finally:
-            replica.stop()
+                target_run = asyncio.run(run_target(base_url, served, bench, None,
+                                                    label=f"{setting.label} @ {level}"))
+            except BenchError as e:
+                raise CLIError(f"{setting.label} at concurrency {level}: {e}") from None
+            goodput = sweep.goodput(target_run.stats, check)
+            rows.append(sweep.row_of(setting, level, figures_of(target_run), goodput))
+            print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr)
         _write(out, rows, args, checked)  # what is measured so far survives an interruption
+
+    if args.deployment is not None:
+        from gpustack_dspark.cli.models_api import ModelsAPI
+        from gpustack_dspark.cli.sweep_rolling import run_rolling
+
+        with ModelsAPI(args.server, args.api_key) as api:
+            run_rolling(api, args.deployment, settings, args.ready_timeout, measure)
+    else:
+        for index, setting in enumerate(settings, start=1):
+            print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
+            replica = _start(checked["serve"], Path(args.model_path), args.device, out / f"replica-{index}.log",
+                             setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
+            try:
+                try:
+                    replica.wait_ready(args.ready_timeout)
+                except (RuntimeError, TimeoutError) as e:
+                    raise CLIError(f"{setting.label}: the scratch replica did not start: {str(e).splitlines()[0]} "
+                                   f"(log: {out / f'replica-{index}.log'})") from None
+                measure(setting, replica.base_url, None)
+            finally:
+                replica.stop()
     print(sweep.as_text(rows))
     print(f"\nwritten: {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.png'}")
     return 0
@@ -182,10 +219,11 @@ def _start(serve: Path, model: Path, device: str, log: Path, args: List[str]):
 
 
 def _write(out: Path, rows: List[sweep.Row], args: argparse.Namespace, checked: Dict[str, Any]) -> None:
-    described = {"model_path": args.model_path, "lengths": checked["lengths"], "thresholds": checked["thresholds"],
+    described = {"model_path": args.model_path, "deployment": args.deployment, "lengths": checked["lengths"], "thresholds": checked["thresholds"],
                  "concurrency": checked["levels"], "requests": args.requests, "max_tokens": args.max_tokens,
                  "workload": f"schema {args.schema}" if args.schema else "built-in order-JSON workload",
                  "temperature": 0.0, "device": args.device}
     (out / "sweep.csv").write_text(sweep.as_csv(rows))
     (out / "sweep.json").write_text(sweep.as_json(rows, described))
-    sweep.plot(rows, str(out / "sweep.png"), title=f"sweep: {Path(args.model_path).name}")
+    title = f"rolling sweep: {args.deployment}" if args.deployment else f"sweep: {Path(args.model_path).name}"
+    sweep.plot(rows, str(out / "sweep.png"), title=title)

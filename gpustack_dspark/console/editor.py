@@ -8,7 +8,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from gpustack_dspark.knobs import KNOBS_BY_FLAG, KnobError, nearest, scan_knob_tokens
 
 # The knobs the console edits; the others stay as the backend parameters have them.
-EDITABLE = ("--dspark-speculative-length", "--dspark-accept-threshold", "--dspark-grammar-mode",
+EDITABLE = ("--dspark-speculative-length", "--dspark-speculative-max", "--dspark-accept-threshold",
+            "--dspark-grammar-mode",
             "--dspark-schema", "--dspark-warmup-requests", "--dspark-warmup-timeout")
 
 

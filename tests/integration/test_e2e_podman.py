@@ -266,6 +266,74 @@ def test_the_console_rolls_a_knob_change_through_the_replicas_one_at_a_time(stac
     assert [r.status_code for r in [_post(s, _body(s, i)) for i in range(2)]] == [200, 200]
 
 
+def test_a_rolling_sweep_measures_one_replica_while_the_other_serves_and_restores_the_deployment(stack, tmp_path):
+    """`gpustack-dspark sweep --deployment` from a fresh shell on the stack the console left at
+    speculative length 3: length 2 rolled onto one replica (GPUStack's worker restarts it),
+    measured there, the deployment's own parameters put back and that replica replaced again;
+    the other replica never restarted, traffic through GPUStack answered throughout, and never
+    fewer than N-1 warm."""
+    import subprocess
+    import sys
+
+    s = stack
+    model_id = s.model["id"]
+    original = s.api.get(f"/v2/models/{model_id}")["backend_parameters"]
+    before = {i["id"] for i in s.instances()}
+    cli = str(Path(sys.executable).parent / "gpustack-dspark")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPUSTACK_SERVER_URL": s.server.url,
+           "GPUSTACK_API_KEY": s.api.api_key}
+    # Refused before anything changes: no speculation on a live replica, a model that is not there.
+    for argv, message in ((["--deployment", s.model["name"], "--lengths", "0,2"], "--lengths 0: no speculation"),
+                          (["--deployment", "no-such-model"], "--deployment no-such-model: no such model")):
+        bad = subprocess.run([cli, "sweep", *argv, "--out", str(tmp_path / "bad")], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists() and {i["id"] for i in s.instances()} == before
+
+    stop, warm_seen, answers = threading.Event(), [], []
+
+    def watch():
+        while not stop.is_set():
+            warm_seen.append(sum((replica_info(i, timeout_s=3) or {}).get("phase") == "ready"
+                                 and str(i["state"]).lower() == "running" for i in s.instances()))
+            try:
+                answers.append(_post(s, _body(s, len(answers)), timeout_s=120).status_code)
+            except httpx.HTTPError as e:
+                answers.append(repr(e))
+            stop.wait(1.0)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out = tmp_path / "sweep"
+    started = time.monotonic()
+    try:
+        run = subprocess.run([cli, "sweep", "--deployment", s.model["name"], "--lengths", "2", "--thresholds", "0.3",
+                              "--concurrency", "2", "--requests", "4", "--warmup", "0", "--max-tokens", "96",
+                              "--out", str(out), "--no-progress"], env=env, capture_output=True, text=True,
+                             timeout=1500)
+    finally:
+        stop.set()
+        watcher.join(timeout=200)
+    print(f"[e2e] rolling sweep: {time.monotonic() - started:.0f}s; warm replicas seen {sorted(set(warm_seen))}; "
+          f"answers {sorted(set(map(str, answers)))}\n{run.stderr[-1500:]}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((out / "sweep.json").read_text())
+    (row,) = doc["rows"]
+    assert (row["length"], row["threshold"], row["concurrency"], row["requests"], row["failed"]) == (2, 0.3, 2, 4, 0)
+    assert row["goodput_tok_s"] > 0 and row["format_errors"] == 0 and doc["settings"]["deployment"] == s.model["name"]
+    assert "speculative_length: 2" in run.stdout and "restored" in run.stderr
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(out / "sweep.png")).shape[:2] == (500, 800)
+    assert min(warm_seen) >= 1 and answers and all(a == 200 for a in answers), (warm_seen, answers)
+    assert s.api.get(f"/v2/models/{model_id}")["backend_parameters"] == original
+    after = s.instances()
+    assert len(after) == 2 and len({i["id"] for i in after} & before) == 1, (before, after)  # only one restarted
+    for inst in after:
+        info = replica_info(inst, timeout_s=5)
+        assert info["phase"] == "ready" and info["speculative_length"] == 3, info
+
+
 def test_deleting_the_model_removes_its_containers(stack):
     s = stack
     assert s.containers()

@@ -119,3 +119,46 @@ def test_the_batch_size_table_for_gpu_methods():
     assert sweep.batch_size_table(table) == [[1, 2, 8], [3, 16, 4], [17, 1024, 0]]
     assert sweep.batch_size_table(rows([("auto", 0.3, 1, 9.0)])) is None
     assert json.loads(sweep.as_json(table, {}))["vllm_num_speculative_tokens_per_batch_size"][0] == [1, 2, 8]
+
+
+def test_a_setting_on_a_deployment_replaces_only_the_swept_knobs():
+    params = ["--enforce-eager", "--enable-dspark", "--dspark-speculative-length", "auto",
+              "--dspark-speculative-max=12", "--dspark-grammar-mode=json", "--dspark-accept-threshold=0.5"]
+    fixed = sweep.deployment_parameters(params, sweep.Setting(4, 0.3))
+    assert fixed == ["--enforce-eager", "--enable-dspark", "--dspark-speculative-length=4",
+                     "--dspark-grammar-mode=json", "--dspark-accept-threshold=0.3"]  # max only goes with auto
+    auto = sweep.deployment_parameters(["--enable-dspark"], sweep.Setting("auto", None))
+    assert auto == ["--enable-dspark", "--dspark-speculative-length=auto"]
+    with pytest.raises(sweep.GridError, match="--lengths 0: no speculation would turn DSpark off"):
+        sweep.deployment_parameters(params, sweep.Setting(0, None))
+    info = {"phase": "ready", "enabled": True, "knobs": {"speculative_length": 4, "accept_threshold": 0.3}}
+    assert sweep.shows_setting(info, sweep.Setting(4, 0.3))
+    assert not sweep.shows_setting(info, sweep.Setting(4, 0.5))
+    assert not sweep.shows_setting({**info, "phase": "warming"}, sweep.Setting(4, 0.3))
+    assert sweep.shows_setting({"phase": "ready", "enabled": True, "knobs": {"speculative_length": "auto"}},
+                               sweep.Setting("auto", None))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "0,4"], "--lengths 0: no speculation would turn DSpark off"),
+    (["--serve-args=--enforce-eager"], "--serve-args: only for scratch replicas"),
+    (["--server", "ftp://x"], "--server 'ftp://x': a GPUStack URL (http:// or https://) is needed"),
+    (["--api-key", ""], "--api-key: a GPUStack API key is needed with --deployment"),
+])
+def test_a_rolling_sweep_refuses_bad_arguments_before_it_connects(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["sweep", "--out", str(out), "--deployment", "orders", "--server", "http://127.0.0.1:9",
+                 "--api-key", "k", *argv])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--deployment", "orders", "--model-path", MODEL], "argument --model-path: not allowed with argument --deployment"),
+    ([], "one of the arguments --model-path --deployment is required"),
+])
+def test_a_sweep_takes_a_model_path_or_a_deployment(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["sweep", "--out", str(tmp_path / "out"), *argv])
+    assert exited.value.code == 2 and message in capsys.readouterr().err

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import os
+import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -36,6 +37,7 @@ INTERNALS = (
     ("vllm.v1.core.sched.scheduler.Scheduler", "update_from_output"),
     ("vllm.v1.core.sched.scheduler.Scheduler", "_free_request"),
     ("vllm.v1.core.sched.scheduler.Scheduler", "schedule"),  # the speculation budget (budget_step.py)
+    ("vllm.v1.core.sched.scheduler.Scheduler", "get_grammar_bitmask"),  # timed for the step profile
     ("vllm.v1.core.sched.output.SchedulerOutput", "total_num_scheduled_tokens"),
     ("vllm.v1.structured_output.StructuredOutputManager", "validate_tokens"),
     ("vllm.v1.structured_output.backend_xgrammar.XgrammarGrammar", "matcher"),
@@ -127,6 +129,7 @@ class DraftingLayer:
         self.kinds: Dict[str, List[str]] = {}
         self.confs: Dict[str, List[float]] = {}
         self.budget = budget_step.BudgetGlue(int(config["length"])) if config["budget"] else None
+        self.clock = StepClock(self.counters)
         self.seen: Dict[str, bool] = {}
         self.over_llguidance: set = set()
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
@@ -217,6 +220,32 @@ def _bump(counters: DraftingCounters, name: str) -> None:
     setattr(counters, name, getattr(counters, name) + 1)
 
 
+def _us(seconds: float) -> int:
+    return int(seconds * 1e6)
+
+
+class StepClock:
+    """Where one engine step's time goes (DraftingCounters.profile_* / *_us): opened at
+    schedule(), closed once its drafts are built; a step without drafts is not counted."""
+
+    def __init__(self, counters: DraftingCounters) -> None:
+        self.counters = counters
+        self.started: Optional[float] = None
+
+    def open(self, now: float) -> None:
+        self.started = now
+
+    def add(self, field: str, seconds: float) -> None:
+        setattr(self.counters, field, getattr(self.counters, field) + _us(seconds))
+
+    def close(self, now: float) -> None:
+        if self.started is None:
+            return
+        self.counters.step_us += _us(now - self.started)
+        self.counters.profile_steps += 1
+        self.started = None
+
+
 @functools.lru_cache(maxsize=None)
 def _scheduler_class():
     Scheduler = _scheduler_base()
@@ -245,19 +274,32 @@ def _scheduler_class():
                         self.dspark.base_method, "auto" if self.dspark.budget else "fixed")
 
         def schedule(self, *args, **kwargs):
-            glue = self.dspark.budget
-            if glue is None:
-                return super().schedule(*args, **kwargs)
-            try:
-                glue.before_schedule(self, self.dspark.confs, self.dspark.kinds)
-            except Exception:
-                # Drafts stay as built this step; the engine never stops for the budget.
-                self.dspark.counters.layer_errors += 1
-                if self.dspark.counters.layer_errors == 1:
-                    logger.exception("DSpark speculation budget failed; drafts kept as built for this step")
+            glue, clock = self.dspark.budget, self.dspark.clock
+            t0 = time.perf_counter()
+            clock.open(t0)
+            if glue is not None:
+                try:
+                    glue.before_schedule(self, self.dspark.confs, self.dspark.kinds)
+                except Exception:
+                    # Drafts stay as built this step; the engine never stops for the budget.
+                    self.dspark.counters.layer_errors += 1
+                    if self.dspark.counters.layer_errors == 1:
+                        logger.exception("DSpark speculation budget failed; drafts kept as built for this step")
+            t1 = time.perf_counter()
             output = super().schedule(*args, **kwargs)
-            glue.after_schedule(output)
+            t2 = time.perf_counter()
+            if glue is not None:
+                glue.after_schedule(output)
+            clock.add("layer_us", t1 - t0 + time.perf_counter() - t2)
+            clock.add("vllm_scheduler_us", t2 - t1)
             return output
+
+        def get_grammar_bitmask(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return super().get_grammar_bitmask(*args, **kwargs)
+            finally:
+                self.dspark.clock.add("mask_us", time.perf_counter() - t0)
 
         def _grammar_walker(self, request):
             """A walker over the request's grammar (either engine) when compiled and in force."""
@@ -273,6 +315,8 @@ def _scheduler_class():
             return engines.walker_for(grammar, self.dspark.vocab_size)
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
+            started = time.perf_counter()
+            checking = 0.0
             layer = self.dspark
             # With the budget on: how far to build this step's drafts (0 while speculation is off).
             build = layer.budget.build_length() if layer.budget is not None else None
@@ -289,7 +333,9 @@ def _scheduler_class():
                 if build is not None:
                     base_draft = list(base_draft)[:build]
                 if walker is None or build == 0:
+                    t = time.perf_counter()
                     validated = self.structured_output_manager.validate_tokens(request, base_draft)
+                    checking += time.perf_counter() - t
                     request.spec_token_ids = validated
                     layer.kinds[req_id] = ["base"] * len(validated)
                     layer.confs[req_id] = [1.0] * len(validated)
@@ -302,15 +348,22 @@ def _scheduler_class():
                     if layer.counters.layer_errors == 1:
                         logger.exception("DSpark drafting layer failed; vLLM's drafts used for this step")
                     draft = draft_builder.Draft(list(base_draft), ["base"] * len(base_draft))
+                t = time.perf_counter()
                 validated = self.structured_output_manager.validate_tokens(request, draft.tokens)
+                checking += time.perf_counter() - t
                 layer.counters.grammar_trimmed_tokens += len(draft.tokens) - len(validated)
                 request.spec_token_ids = validated
                 layer.kinds[req_id] = draft.kinds[: len(validated)]
                 layer.confs[req_id] = (draft.confidences or [1.0] * len(draft.tokens))[: len(validated)]
             if layer.budget is not None:
                 layer.budget.after_drafts()
+            now = time.perf_counter()
+            layer.clock.add("draft_check_us", checking)
+            layer.clock.add("layer_us", now - started - checking)
+            layer.clock.close(now)
 
         def update_from_output(self, scheduler_output, model_runner_output):
+            t0 = time.perf_counter()
             sampled = model_runner_output.sampled_token_ids
             index = model_runner_output.req_id_to_index
             scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -318,7 +371,9 @@ def _scheduler_class():
                 position = index.get(req_id)
                 generated = len(sampled[position]) if (sampled and position is not None) else 0
                 self.dspark.record_verified(req_id, len(scheduled.get(req_id) or ()), generated)
+            t1 = time.perf_counter()
             outputs = super().update_from_output(scheduler_output, model_runner_output)
+            t2 = time.perf_counter()
             glue = self.dspark.budget
             if glue is not None:
                 glue.after_update()
@@ -326,6 +381,9 @@ def _scheduler_class():
             # Idle engines take no more steps: write the final figures now.
             self.dspark.writer.maybe_write(self.dspark.counters, force=not self.running,
                                            extra=glue.extra if glue is not None else None)
+            clock = self.dspark.clock
+            clock.add("vllm_scheduler_us", t2 - t1)
+            clock.add("layer_us", t1 - t0 + time.perf_counter() - t2)
             return outputs
 
         def _free_request(self, request, *args, **kwargs):

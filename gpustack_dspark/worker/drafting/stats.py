@@ -47,6 +47,14 @@ class DraftingCounters:
     budget_tokens_offered: int = 0           # draft tokens built
     budget_tokens_kept: int = 0              # of them, kept for verification
     budget_steps_capped_by_prefill: int = 0  # steps where waiting prefills limited the drafts
+    # Where an engine step's time goes (microseconds, summed over profiled steps: schedule
+    # start to drafts built). The rest of a step is the target forward and sampling.
+    profile_steps: int = 0
+    step_us: int = 0
+    layer_us: int = 0         # the layer's own code: budget trim, verify bookkeeping, drafting
+    draft_check_us: int = 0   # vLLM's grammar check of the drafts (validate_tokens)
+    mask_us: int = 0          # vLLM's grammar bitmasks, draft positions included (get_grammar_bitmask)
+    vllm_scheduler_us: int = 0  # vLLM's own schedule() and update_from_output()
 
     def tokens_per_forward(self) -> Optional[float]:
         if not self.target_forward_passes:
@@ -59,9 +67,21 @@ class DraftingCounters:
         reached = accepted + getattr(self, f"{kind}_rejected")
         return round(accepted / reached, 4) if reached else None
 
+    def step_profile(self) -> Optional[Dict[str, Any]]:
+        """Mean milliseconds per profiled engine step, per part, and each part's share."""
+        if not self.profile_steps or not self.step_us:
+            return None
+        parts = {"layer": self.layer_us, "draft_check": self.draft_check_us, "grammar_masks": self.mask_us,
+                 "vllm_scheduler": self.vllm_scheduler_us}
+        parts["forward_and_rest"] = max(self.step_us - sum(parts.values()), 0)
+        return {"steps": self.profile_steps, "step_ms": round(self.step_us / self.profile_steps / 1e3, 3),
+                "ms_per_step": {k: round(v / self.profile_steps / 1e3, 3) for k, v in parts.items()},
+                "share": {k: round(v / self.step_us, 4) for k, v in parts.items()}}
+
     def summary(self) -> Dict[str, Any]:
         out: Dict[str, Any] = asdict(self)
         out["tokens_per_forward"] = self.tokens_per_forward()
+        out["step_profile"] = self.step_profile()
         for kind in ("forced", "statistical", "base"):
             out[f"{kind}_acceptance"] = self.acceptance(kind)
         return out
