@@ -1,8 +1,11 @@
-"""The DSpark backend's name, versions and health path (pure constants).
+"""The DSpark backend's name, versions and health path (pure constants), and where a
+replica GPUStack lists answers.
 
 Kept apart from backend.py (server side: registration) so the CLI, which must not import
 the server side, names the backend from the same source when it writes model documents.
 """
+
+from typing import Any, Dict, Mapping, Optional
 
 from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
 
@@ -11,3 +14,23 @@ CUDA_VERSION = f"{SUPPORTED_VLLM_VERSION}-cuda-custom"
 CPU_VERSION = f"{SUPPORTED_VLLM_VERSION}-cpu-custom"
 # Served by the DSpark worker (dspark-serve): 503 until vLLM is healthy and warmup is done.
 HEALTH_CHECK_PATH = "/dspark/ready"
+
+
+def replica_url(instance: Mapping[str, Any]) -> Optional[str]:
+    """A GPUStack model instance's own address (its worker's IP and its port), None before it has one."""
+    port = instance.get("port") or (instance.get("ports") or [None])[0]
+    return f"http://{instance.get('worker_ip') or '127.0.0.1'}:{port}" if port else None
+
+
+def replica_info(instance: Mapping[str, Any], timeout_s: float = 1.0) -> Optional[Dict[str, Any]]:
+    """The replica's `/dspark/info`, or None when it does not answer (yet)."""
+    import httpx
+
+    url = replica_url(instance)
+    if not url:
+        return None
+    try:
+        r = httpx.get(f"{url}/dspark/info", timeout=timeout_s, trust_env=False)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None

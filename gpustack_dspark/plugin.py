@@ -20,6 +20,8 @@ from gpustack_dspark.console.rolling import Rollouts
 from gpustack_dspark.console.routes import build_console_router, missing_assets
 from gpustack_dspark.console.sampler import ConsoleSampler
 from gpustack_dspark.k8s.feature import NodeLabelSync
+from gpustack_dspark.lifecycle import gpustack_patches as lifecycle_patches
+from gpustack_dspark.lifecycle.missed_start import MissedStart
 from gpustack_dspark.observe.features import FeatureRegistry
 from gpustack_dspark.observe.metrics_config import MetricsConfigMiddleware
 from gpustack_dspark.observe.status import build_status_router
@@ -51,10 +53,11 @@ FEATURE_ADMISSION = "admission"  # bad DSpark knobs refused where GPUStack valid
 FEATURE_START_FAILURES = "start_failure_reasons"  # a replica's config error in state_message, no restart loop
 FEATURE_NODE_LABEL_SYNC = "node_label_sync"  # Kubernetes node labels -> the JSON worker label
 FEATURE_CONSOLE = "console"  # the DSpark page in GPUStack's web UI, its menu entry, the sampler
+FEATURE_MISSED_START = "missed_start_repair"  # a DSpark instance stuck STARTING re-announced (lifecycle/)
 # Features that need GPUStack internals; they wait on the version check.
 INTERNAL_FEATURES = (FEATURE_BACKEND, FEATURE_VLLM_FIT, FEATURE_PLACEMENT, FEATURE_ROUTING,
                      FEATURE_GATEWAY_ROUTES, FEATURE_METRICS_COLLECTION, FEATURE_ADMISSION,
-                     FEATURE_START_FAILURES, FEATURE_NODE_LABEL_SYNC, FEATURE_CONSOLE)
+                     FEATURE_START_FAILURES, FEATURE_NODE_LABEL_SYNC, FEATURE_CONSOLE, FEATURE_MISSED_START)
 
 REGISTRATION_ATTEMPTS = 6
 REGISTRATION_FIRST_DELAY_S = 1.0
@@ -123,6 +126,7 @@ class DSparkPlugin(Plugin):
         self._apply_node_label_sync()
         self._apply_admission(app)
         self._apply_console(app)
+        self._apply_missed_start()
         self._tasks.append(self._register_backend)
         logger.info(
             "gpustack-dspark %s loaded: JSON worker label %s, images cuda=%s cpu=%s",
@@ -239,6 +243,21 @@ class DSparkPlugin(Plugin):
         self.console = sampler
         self.features.enable(FEATURE_CONSOLE, **detail)
         self._tasks.append(sampler.task)
+
+    def _apply_missed_start(self) -> None:
+        problems = lifecycle_patches.check()
+        if problems:
+            logger.error("gpustack-dspark %s is off: %s", FEATURE_MISSED_START, "; ".join(problems))
+            self.features.disable(FEATURE_MISSED_START, "; ".join(problems))
+            return
+        tracker = MissedStart()
+        self.features.running(FEATURE_MISSED_START, None, **tracker.snapshot())
+
+        async def missed_start_task() -> None:
+            await lifecycle_patches.task(tracker, lambda reason: self.features.running(
+                FEATURE_MISSED_START, reason, **tracker.snapshot()))
+
+        self._tasks.append(missed_start_task)
 
     def _apply_placement_policy(self) -> None:
         # A bad policy file turns off this feature only; GPUStack then schedules as usual.

@@ -159,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
         return workloads.schema_body(i, schema, args.max_tokens, 0.0, model)
 
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    out: Path = checked["out"]
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = checked["out"]  # made once there is something to write: a refused deployment leaves no trace
     rows: List[sweep.Row] = []
     settings = checked["settings"]
 
@@ -179,26 +178,32 @@ def run(args: argparse.Namespace) -> int:
             print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr)
         _write(out, rows, args, checked)  # what is measured so far survives an interruption
 
-    if args.deployment is not None:
-        from gpustack_dspark.cli.models_api import ModelsAPI
-        from gpustack_dspark.cli.sweep_rolling import run_rolling
+    try:
+        if args.deployment is not None:
+            from gpustack_dspark.cli.models_api import ModelsAPI
+            from gpustack_dspark.cli.sweep_rolling import run_rolling
 
-        with ModelsAPI(args.server, args.api_key) as api:
-            run_rolling(api, args.deployment, settings, args.ready_timeout, measure)
-    else:
-        for index, setting in enumerate(settings, start=1):
-            print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
-            replica = _start(checked["serve"], Path(args.model_path), args.device, out / f"replica-{index}.log",
-                             setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
-            try:
+            with ModelsAPI(args.server, args.api_key) as api:
+                run_rolling(api, args.deployment, settings, args.ready_timeout, measure)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            for index, setting in enumerate(settings, start=1):
+                print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
+                replica = _start(checked["serve"], Path(args.model_path), args.device, out / f"replica-{index}.log",
+                                 setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
                 try:
-                    replica.wait_ready(args.ready_timeout)
-                except (RuntimeError, TimeoutError) as e:
-                    raise CLIError(f"{setting.label}: the scratch replica did not start: {str(e).splitlines()[0]} "
-                                   f"(log: {out / f'replica-{index}.log'})") from None
-                measure(setting, replica.base_url, None)
-            finally:
-                replica.stop()
+                    try:
+                        replica.wait_ready(args.ready_timeout)
+                    except (RuntimeError, TimeoutError) as e:
+                        raise CLIError(f"{setting.label}: the scratch replica did not start: {str(e).splitlines()[0]} "
+                                       f"(log: {out / f'replica-{index}.log'})") from None
+                    measure(setting, replica.base_url, None)
+                finally:
+                    replica.stop()
+    except KeyboardInterrupt:
+        print("gpustack-dspark sweep: interrupted" + (f"; measured so far: {out / 'sweep.csv'}" if rows else ""),
+              file=sys.stderr)
+        return 130
     print(sweep.as_text(rows))
     print(f"\nwritten: {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.png'}")
     return 0
@@ -223,6 +228,7 @@ def _write(out: Path, rows: List[sweep.Row], args: argparse.Namespace, checked: 
                  "concurrency": checked["levels"], "requests": args.requests, "max_tokens": args.max_tokens,
                  "workload": f"schema {args.schema}" if args.schema else "built-in order-JSON workload",
                  "temperature": 0.0, "device": args.device}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.csv").write_text(sweep.as_csv(rows))
     (out / "sweep.json").write_text(sweep.as_json(rows, described))
     title = f"rolling sweep: {args.deployment}" if args.deployment else f"sweep: {Path(args.model_path).name}"

@@ -7,7 +7,7 @@ Per setting:
    the sparse model update `gpustack-dspark apply` makes, so GPUStack's validation and the
    plugin's knob check judge it as they judge the CLI;
 2. one replica, the sweep replica, is deleted once every replica is warm
-   (`console.rollout.next_step`: never fewer than N-1 warm); GPUStack starts its replacement
+   (`console.next_step`: never fewer than N-1 warm); GPUStack starts its replacement
    with the new parameters while the other N-1 keep theirs and keep serving;
 3. once the replacement is warm and its `/dspark/info` shows the setting, it is measured at
    its own address (worker IP and port, as the console reads it) with the bench runner.
@@ -23,13 +23,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import httpx
 
 from gpustack_dspark import backend_ids
+from gpustack_dspark.backend_ids import replica_info, replica_url
 from gpustack_dspark.bench import sweep
 from gpustack_dspark.cli.apply import _put_body
 from gpustack_dspark.cli.client import CLIError
 from gpustack_dspark.cli.errors import BadInput
 from gpustack_dspark.cli.models_api import ModelsAPI
-from gpustack_dspark.console import rollout
-from gpustack_dspark.console.sampler import replica_url
+from gpustack_dspark.console.rollout import DONE, RESTART, Replica, cannot_start, next_step
 
 POLL_S = 2.0
 
@@ -38,21 +38,10 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def replica_info(instance: Dict[str, Any], timeout_s: float = 3.0) -> Optional[Dict[str, Any]]:
-    url = replica_url(instance)
-    if not url:
-        return None
-    try:
-        r = httpx.get(f"{url}/dspark/info", timeout=timeout_s, trust_env=False)
-        return r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
 def _warm(instance: Dict[str, Any]) -> bool:
     if str(instance.get("state")).lower() != "running":
         return False
-    return (replica_info(instance) or {}).get("phase") == "ready"
+    return (replica_info(instance, timeout_s=3.0) or {}).get("phase") == "ready"
 
 
 class Deployment:
@@ -77,11 +66,11 @@ class Deployment:
     def instances(self) -> List[Dict[str, Any]]:
         return sorted(self.api.instances(self.model["id"]), key=lambda i: i["id"])
 
-    def replicas(self) -> List[rollout.Replica]:
-        return [rollout.Replica(i["id"], _warm(i)) for i in self.instances()]
+    def replicas(self) -> List[Replica]:
+        return [Replica(i["id"], _warm(i)) for i in self.instances()]
 
     def not_ready(self) -> Optional[str]:
-        return rollout.cannot_start(self.replicas(), self.wanted)
+        return cannot_start(self.replicas(), self.wanted)
 
     def put_parameters(self, backend_parameters: List[str]) -> None:
         """The sparse update `apply` makes; a refusal (GPUStack's or the plugin's) is the error."""
@@ -101,16 +90,16 @@ class Deployment:
         since = time.monotonic()
         while True:
             replicas = self.replicas()
-            step = rollout.next_step(replicas, self.wanted, old)
-            if step.action == rollout.DONE:
+            step = next_step(replicas, self.wanted, old)
+            if step.action == DONE:
                 new = [r.id for r in replicas if r.id not in before]
                 if check is not None:
                     by_id = {i["id"]: i for i in self.instances()}
-                    wrong = [n for n in new if n in by_id and not check(replica_info(by_id[n]))]
+                    wrong = [n for n in new if n in by_id and not check(replica_info(by_id[n], timeout_s=3.0))]
                     if wrong:
                         raise CLIError(f"{why}: replica(s) {wrong} came up warm without the expected settings")
                 return new
-            if step.action == rollout.RESTART and step.instance_id not in deleted:
+            if step.action == RESTART and step.instance_id not in deleted:
                 _say(f"    {why}: replacing replica {step.instance_id} ({step.why})")
                 self.api.request("DELETE", f"/v2/model-instances/{step.instance_id}")
                 deleted.add(step.instance_id)

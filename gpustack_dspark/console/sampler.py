@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from gpustack_dspark import backend_ids
+from gpustack_dspark.backend_ids import replica_url
 from gpustack_dspark.console import figures, view
 from gpustack_dspark.console.series import SeriesStore
 
@@ -21,10 +22,6 @@ INTERVAL_S = 5.0
 WINDOW_S = 3600.0
 REPLICA_TIMEOUT_S = 2.0
 
-
-def replica_url(instance: Mapping[str, Any]) -> Optional[str]:
-    port = instance.get("port") or (instance.get("ports") or [None])[0]
-    return f"http://{instance.get('worker_ip') or '127.0.0.1'}:{port}" if port else None
 
 
 async def read_deployments() -> List[Tuple[Dict[str, Any], List[Dict[str, Any]]]]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import httpx
 
+from gpustack_dspark.backend_ids import replica_info, replica_url  # noqa: F401 (re-exported for tests and the demo)
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
@@ -101,22 +101,6 @@ class InstanceWatch(threading.Thread):
         raise TimeoutError(f"{what}: not after {timeout_s:.0f}s; instances: "
                            + "; ".join(f"{i['name']} {i['state']} {i.get('state_message') or ''}"[:300]
                                        for i in self.snapshot()[1].values()))
-
-
-def replica_url(instance: Dict[str, Any]) -> Optional[str]:
-    port = instance.get("port") or (instance.get("ports") or [None])[0]
-    return f"http://{instance.get('worker_ip') or '127.0.0.1'}:{port}" if port else None
-
-
-def replica_info(instance: Dict[str, Any], timeout_s: float = 1.0) -> Optional[Dict[str, Any]]:
-    url = replica_url(instance)
-    if not url:
-        return None
-    try:
-        r = httpx.get(f"{url}/dspark/info", timeout=timeout_s)
-        return r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
 
 
 def replica_phase(instance: Dict[str, Any]) -> Optional[str]:

@@ -61,6 +61,20 @@ CLI_BENCH_MODULES = {"gpustack_dspark.bench.load", "gpustack_dspark.bench.runner
                      "gpustack_dspark.bench.workloads"}
 
 
+# The console's pure planners the rolling sweep shares (cli/sweep_rolling.py, bench/sweep.py).
+CLI_CONSOLE_MODULES = {"gpustack_dspark.console.rollout", "gpustack_dspark.console.editor"}
+
+
+def test_the_console_planners_the_cli_uses_import_only_knobs():
+    for module in CLI_CONSOLE_MODULES:
+        path = CLI.parent / "console" / (module.rsplit(".", 1)[1] + ".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert all(not n.startswith("gpustack") or n == "gpustack_dspark.knobs" for n in names
+                           if n.startswith("gpustack")), (path, names)
+
+
 def test_the_bench_modules_the_cli_uses_import_no_gpustack_server_or_devstack():
     bench = CLI.parent / "bench"
     for module in CLI_BENCH_MODULES:
@@ -76,7 +90,7 @@ def test_the_bench_modules_the_cli_uses_import_no_gpustack_server_or_devstack():
 def test_the_cli_imports_no_server_side_module():
     allowed = {"gpustack_dspark", "gpustack_dspark.labels", "gpustack_dspark.knobs", "gpustack_dspark.translate",
                "gpustack_dspark.backend_ids",
-               *CLI_BENCH_MODULES, "gpustack_dspark.bench"}
+               *CLI_BENCH_MODULES, "gpustack_dspark.bench", *CLI_CONSOLE_MODULES}
     for path in CLI.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -139,3 +139,36 @@ def test_counters_summary_and_file_round_trip(tmp_path):
     StatsWriter(str(path)).maybe_write(counters, force=True)
     assert read_counters(str(path)) == counters
     assert read_counters(str(tmp_path / "missing.json")) is None
+
+
+def test_the_step_profile_splits_a_steps_time_and_counts_only_closed_steps():
+    from gpustack_dspark.worker.drafting.scheduler import StepClock
+    from gpustack_dspark.worker.drafting.stats import DraftingCounters
+
+    counters = DraftingCounters()
+    clock = StepClock(counters)
+    assert counters.step_profile() is None
+    for start in (0.0, 1.0):
+        clock.open(start)
+        clock.add("layer_us", 0.001)
+        clock.add("mask_us", 0.002)
+        clock.add("vllm_scheduler_us", 0.003)
+        clock.add("draft_check_us", 0.0005)
+        clock.close(start + 0.010)
+    clock.close(7.0)  # closing again counts nothing more
+    profile = counters.step_profile()
+    assert profile["steps"] == 2 and profile["step_ms"] == 10.0
+    assert profile["share"] == {"layer": 0.1, "draft_check": 0.05, "grammar_masks": 0.2, "vllm_scheduler": 0.3,
+                                "forward_and_rest": 0.35}
+    counters = DraftingCounters()
+    clock = StepClock(counters)
+    clock.open(0.0)
+    clock.add("layer_us", 0.001)
+    clock.open(0.5)  # reopened before drafts: the first step is dropped
+    clock.add("mask_us", 0.002)
+    clock.close(0.51)
+    profile = counters.step_profile()
+    assert profile["steps"] == 1 and profile["step_ms"] == 10.0
+    assert profile["ms_per_step"] == {"layer": 1.0, "draft_check": 0.0, "grammar_masks": 2.0,
+                                      "vllm_scheduler": 0.0, "forward_and_rest": 7.0}
+    assert profile["share"]["forward_and_rest"] == 0.7

@@ -32,7 +32,7 @@ def test_knobs_imports_only_the_bounded_leaf_which_imports_nothing_of_ours():
 
 def test_server_side_never_imports_the_devstack():
     server_side = _modules("plugin.py") + _modules("backend.py") + _modules("settings.py") \
-        + _modules("placement") + _modules("observe") + _modules("k8s")
+        + _modules("placement") + _modules("observe") + _modules("k8s") + _modules("lifecycle")
     for path in server_side:
         assert not any("devstack" in name for name in _our_imports(path)), path
 
@@ -48,7 +48,7 @@ def test_the_import_walker_sees_imports():
     assert "gpustack_dspark.observe.status" in imported and "gpustack_dspark.backend" in imported
 
 
-SERVER_SIDE = (".plugin", ".placement", ".routing", ".observe", ".backend", ".settings", ".k8s")
+SERVER_SIDE = (".plugin", ".placement", ".routing", ".observe", ".backend", ".settings", ".k8s", ".lifecycle")
 
 
 def test_translate_imports_only_knobs():
@@ -62,7 +62,7 @@ def test_worker_never_imports_the_server_side_and_the_server_never_imports_the_w
         assert not any(any(f"gpustack_dspark{s}" in n for s in SERVER_SIDE) for n in imported), path
         assert not any("devstack" in n for n in imported), path
     server_side = _modules("plugin.py") + _modules("backend.py") + _modules("settings.py") \
-        + _modules("placement") + _modules("observe") + _modules("k8s")
+        + _modules("placement") + _modules("observe") + _modules("k8s") + _modules("lifecycle")
     for path in server_side:
         assert not any(".worker" in n for n in _our_imports(path)), path
 

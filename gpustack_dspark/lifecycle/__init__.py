@@ -1,0 +1,2 @@
+"""Replica lifecycle repairs on the server side: `missed_start` (pure) and its glue
+`gpustack_patches`."""
