@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CLIError(f"{setting.label} at concurrency {level}: {e}") from None
             goodput = sweep.goodput(target_run.stats, check)
             rows.append(sweep.row_of(setting, level, figures_of(target_run), goodput))
-            print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr)
-        _write(out, rows, args, checked)  # what is measured so far survives an interruption
+            _write(out, rows, args, checked)  # what is measured so far survives an interruption
+            print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr, flush=True)
 
     try:
         if args.deployment is not None:

@@ -89,7 +89,19 @@ class Deployment:
         old, deleted, before = set(old_ids), set(), {i["id"] for i in self.instances()}
         since = time.monotonic()
         while True:
-            replicas = self.replicas()
+            listed = self.instances()
+            failed = [i for i in listed if i["id"] not in before and str(i.get("state")).lower() == "error"]
+            if failed:  # e.g. the setting is refused where the replica starts: no use waiting for it
+                raise CLIError(f"{why}: replica {failed[0]['id']} failed to start: "
+                               f"{(failed[0].get('state_message') or 'no reason given')[:500]}")
+            for broken in [i for i in listed if i["id"] in old and i["id"] not in deleted
+                           and str(i.get("state")).lower() == "error"]:
+                # It serves nothing, so replacing it now keeps as many warm as before.
+                _say(f"    {why}: replacing replica {broken['id']} (in error: it serves nothing)")
+                self.api.request("DELETE", f"/v2/model-instances/{broken['id']}")
+                deleted.add(broken["id"])
+                since = time.monotonic()
+            replicas = [Replica(i["id"], _warm(i)) for i in listed if i["id"] not in deleted]
             step = next_step(replicas, self.wanted, old)
             if step.action == DONE:
                 new = [r.id for r in replicas if r.id not in before]

@@ -271,12 +271,14 @@ def test_the_console_rolls_a_knob_change_through_the_replicas_one_at_a_time(stac
     assert [r.status_code for r in [_post(s, _body(s, i)) for i in range(2)]] == [200, 200]
 
 
-def test_a_rolling_sweep_measures_one_replica_while_the_other_serves_and_restores_the_deployment(stack, tmp_path):
+def test_a_rolling_sweep_measures_one_replica_while_the_other_serves_and_ctrl_c_restores_it(stack, tmp_path):
     """`gpustack-dspark sweep --deployment` from a fresh shell on the stack (the console leaves it
-    at speculative length 3): length 2 rolled onto one replica (GPUStack's worker restarts it),
-    measured there, the deployment's own parameters put back and that replica replaced again;
-    the other replica never restarted, traffic through GPUStack answered throughout, and never
-    fewer than N-1 warm."""
+    at speculative length 3): length 2 rolled onto one replica (GPUStack's worker restarts it)
+    and measured there at concurrency 2; Ctrl-C while it measures concurrency 4; the
+    deployment's own parameters are put back and that replica replaced again. The other replica
+    never restarts, traffic through GPUStack is answered throughout, never fewer than N-1 warm,
+    and what was measured is written (CSV, JSON with the YAML suggestion, PNG)."""
+    import signal
     import subprocess
     import sys
 
@@ -312,22 +314,32 @@ def test_a_rolling_sweep_measures_one_replica_while_the_other_serves_and_restore
     watcher.start()
     out = tmp_path / "sweep"
     started = time.monotonic()
+    sweep = subprocess.Popen([cli, "sweep", "--deployment", s.model["name"], "--lengths", "2", "--thresholds", "0.3",
+                              "--concurrency", "2,4", "--requests", "40", "--warmup", "0", "--max-tokens", "96",
+                              "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    seen = []
     try:
-        run = subprocess.run([cli, "sweep", "--deployment", s.model["name"], "--lengths", "2", "--thresholds", "0.3",
-                              "--concurrency", "2", "--requests", "4", "--warmup", "0", "--max-tokens", "96",
-                              "--out", str(out), "--no-progress"], env=env, capture_output=True, text=True,
-                             timeout=1500)
+        for line in sweep.stderr:  # Ctrl-C once concurrency 2 is measured, while 4 is
+            seen.append(line)
+            if "concurrency 2: goodput" in line:
+                sweep.send_signal(signal.SIGINT)
+                break
+        rest_out, rest_err = sweep.communicate(timeout=900)
     finally:
+        sweep.kill()
         stop.set()
         watcher.join(timeout=200)
+    err = "".join(seen) + rest_err
     print(f"[e2e] rolling sweep: {time.monotonic() - started:.0f}s; warm replicas seen {sorted(set(warm_seen))}; "
-          f"answers {sorted(set(map(str, answers)))}\n{run.stderr[-1500:]}")
-    assert run.returncode == 0, run.stderr[-3000:]
+          f"answers {sorted(set(map(str, answers)))}\n{err[-1500:]}")
+    assert sweep.returncode == 130 and "interrupted" in err and "restored tiny-order" in err, err[-3000:]
     doc = json.loads((out / "sweep.json").read_text())
     (row,) = doc["rows"]
-    assert (row["length"], row["threshold"], row["concurrency"], row["requests"], row["failed"]) == (2, 0.3, 2, 4, 0)
+    assert (row["length"], row["threshold"], row["concurrency"], row["requests"], row["failed"]) == (2, 0.3, 2, 40, 0)
     assert row["goodput_tok_s"] > 0 and row["format_errors"] == 0 and doc["settings"]["deployment"] == s.model["name"]
-    assert "speculative_length: 2" in run.stdout and "restored" in run.stderr
+    assert doc["recommendation"]["yaml"] == "dspark:\n  speculative_length: 2\n  accept_threshold: 0.3\n"
+    assert (out / "sweep.csv").read_text().splitlines()[1].startswith("2,0.3,2,40,0,")
     import matplotlib.image
 
     assert matplotlib.image.imread(str(out / "sweep.png")).shape[:2] == (500, 800)
