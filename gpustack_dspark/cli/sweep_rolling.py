@@ -149,8 +149,8 @@ def run_rolling(api: ModelsAPI, name: str, settings: Sequence[sweep.Setting], re
     try:
         for index, (setting, params) in enumerate(zip(settings, parameters), start=1):
             _say(f"[{index}/{len(settings)}] {setting.label}: updating the model, then replica {sweep_id}")
+            changed = True  # before the update: an interrupt during it still restores
             deployment.put_parameters(params)
-            changed = True
             new = deployment.roll([sweep_id], ready_timeout_s, setting.label,
                                   check=lambda info, s=setting: sweep.shows_setting(info, s))
             if len(new) != 1:

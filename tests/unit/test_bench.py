@@ -111,3 +111,14 @@ def test_no_target(capsys, monkeypatch):
     monkeypatch.delenv("GPUSTACK_SERVER_URL", raising=False)
     assert main(["bench"]) == 1
     assert "no target" in capsys.readouterr().err
+
+
+def test_the_budget_trace_is_fixed_by_its_seed_and_counts_busy_time_once():
+    from gpustack_dspark.bench import budget_trace
+
+    first, again = budget_trace.trace(15), budget_trace.trace(15)
+    assert first == again and [p for p in ("low", "high", "low2") if any(i["phase"] == p for i in first)] == \
+        ["low", "high", "low2"]
+    # Overlapping requests count their shared seconds once; idle gaps do not count.
+    results = [{"at": 0.0, "done": 1.0}, {"at": 0.5, "done": 2.0}, {"at": 3.0, "done": 4.0}]
+    assert budget_trace.busy_seconds(results) == 3.0 and budget_trace.busy_seconds([]) == 0.0
