@@ -411,35 +411,3 @@ def test_a_killed_replica_loses_no_request_streamed_or_not(stack):
     assert stack.routing()["retries"]["retried"] > before
     stack.wait_idle(5)
 
-
-def test_an_instance_whose_worker_missed_starting_is_re_announced_so_gpustacks_wait_ends(stack):
-    """GPUStack 2.3's own wait for STARTING (`InferenceServer._until_model_instance_starting`,
-    run here as the worker's backend subprocess runs it, against the real server) on an instance
-    that turned STARTING before the wait subscribed. Stock GPUStack then waits forever (seen in
-    the Podman e2e: a replica stuck at "Preparing model files..."); the plugin re-announces a
-    DSpark instance that stays STARTING (lifecycle/missed_start.py) and the wait ends."""
-    from types import SimpleNamespace
-
-    from gpustack.client import ClientSet
-    from gpustack.worker.backends.base import InferenceServer
-
-    api = stack.api
-    model = create_stand_in_model(api, "start-m", backend.BACKEND_NAME, backend.CPU_VERSION, stack.row["cluster_id"],
-                                  stack.row, [1], stack.base / "start-m", running=0)
-    try:
-        (instance,) = instances_of(api, model["id"])
-        body = {**instance, "state": "starting", "state_message": "", "resolved_path": str(stack.base / "start-m")}
-        assert api.client.put(f"/v2/model-instances/{instance['id']}", json=body).status_code == 200
-        waiter = InferenceServer.__new__(InferenceServer)  # only what the wait uses
-        waiter._clientset = ClientSet(base_url=stack.server.url, api_key=api.api_key)
-        waiter._model_instance = SimpleNamespace(id=instance["id"])
-        waiter._draft_model_path = None
-        ended = threading.Event()
-        threading.Thread(target=lambda: (waiter._until_model_instance_starting(), ended.set()), daemon=True).start()
-        assert not ended.wait(12)  # it subscribed after the state changed: nothing arrives by itself
-        assert ended.wait(60), "the wait for STARTING did not end after the re-announcement"
-        assert waiter._model_path == str(stack.base / "start-m")
-        feature = dspark_status(stack.server, api.api_key)["features"]["missed_start_repair"]
-        assert feature["state"] == "enabled" and feature["re_announced"] >= 1, feature
-    finally:
-        api.client.delete(f"/v2/models/{model['id']}")
