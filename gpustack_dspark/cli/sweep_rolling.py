@@ -7,7 +7,7 @@ Per setting:
    the sparse model update `gpustack-dspark apply` makes, so GPUStack's validation and the
    plugin's knob check judge it as they judge the CLI;
 2. one replica, the sweep replica, is deleted once every replica is warm
-   (`console.next_step`: never fewer than N-1 warm); GPUStack starts its replacement
+   (`console/rollout.py`'s `next_step`: never fewer than N-1 warm); GPUStack starts its replacement
    with the new parameters while the other N-1 keep theirs and keep serving;
 3. once the replacement is warm and its `/dspark/info` shows the setting, it is measured at
    its own address (worker IP and port, as the console reads it) with the bench runner.
