@@ -202,14 +202,14 @@ def main() -> None:
     print(f"\nmeans over {args.runs} runs; best fixed length: {best}")
     print("variant  overall  vs-best  vs-none  " + "  ".join(f"{n:>6} p50/p99" for n, _, _ in PHASES)
           + "  high-busy  high-vs-none  tok/fwd  step-ms  layer%  masks%  check%")
+    high_none = mean(r["high"].get("busy_goodput") for r in none["runs"]) if none else float("nan")
+    overall_none = mean(r["overall"] for r in none["runs"]) if none else float("nan")
     for variant, t in table.items():
         runs = t["runs"]
         overall = mean(r["overall"] for r in runs)
         cells = [f"{mean(r[n]['goodput'] for r in runs):6.1f} {mean(r[n]['p50'] for r in runs):.1f}/"
                  f"{mean(r[n]['p99'] for r in runs):.1f}" for n, _, _ in PHASES]
         high = mean(r["high"].get("busy_goodput") for r in runs)
-        high_none = mean(r["high"].get("busy_goodput") for r in none["runs"]) if none else float("nan")
-        overall_none = mean(r["overall"] for r in none["runs"]) if none else float("nan")
         prof = t.get("step_profile") or {}
         share = prof.get("share") or {}
         pct = lambda k: f"{100 * share[k]:6.1f}" if k in share else "     -"  # noqa: E731

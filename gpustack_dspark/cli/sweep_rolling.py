@@ -106,8 +106,8 @@ class Deployment:
             if step.action == DONE:
                 new = [r.id for r in replicas if r.id not in before]
                 if check is not None:
-                    by_id = {i["id"]: i for i in self.instances()}
-                    wrong = [n for n in new if n in by_id and not check(replica_info(by_id[n], timeout_s=3.0))]
+                    by_id = {i["id"]: i for i in listed}
+                    wrong = [n for n in new if not check(replica_info(by_id[n], timeout_s=3.0))]
                     if wrong:
                         raise CLIError(f"{why}: replica(s) {wrong} came up warm without the expected settings")
                 return new

@@ -24,6 +24,7 @@ import pytest
 
 from gpustack_dspark.bench import workloads
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
+from gpustack_dspark.devstack.stand_in_instances import instances_of
 from gpustack_dspark.routing import speed
 from tests.conftest import dspark_status, wait_for
 from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
@@ -74,7 +75,7 @@ def _served(s: ContainerStack) -> Dict[int, int]:
 
 def _listed(s: ContainerStack) -> List[Dict]:
     """The model's instances GPUStack lists now (the stack's watch also keeps deleted ones)."""
-    return [i for i in s.api.items("/v2/model-instances") if i["model_id"] == s.model["id"]]
+    return instances_of(s.api, s.model["id"])
 
 
 def _check_gate(s: ContainerStack, instance_id: int, since: float) -> Dict:
