@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
-from gpustack_dspark.worker import json_default, request_limits, schema_check, state as worker_state
+from gpustack_dspark.worker import json_default, request_limits, sampling_check, schema_check, state as worker_state
 
 logger = logging.getLogger("gpustack_dspark.worker")
 
@@ -144,6 +144,12 @@ class DSparkMiddleware:
         except request_limits.LimitExceeded as e:
             state.count("rejected")
             return await _send_json(send, 400, openai_error(str(e)))
+        if state.plan.speculative_config:
+            refused = sampling_check.refused_with_speculation(body)
+            if refused is not None:
+                state.count("rejected")
+                state.count("sampling_refused")
+                return await _send_json(send, 400, openai_error(refused[1], param=refused[0]))
 
         schema = json_default.requested_schema(body)
         if state.json_default:

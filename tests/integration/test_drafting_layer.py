@@ -6,6 +6,13 @@ speculation), the layer with its defaults (forced + statistical), the layer at t
 and a small step token budget, so waiting prefills cap the drafts. Greedy replies must be
 token-identical with and without the layer and the budget; the layer's counters (served on
 /metrics and /dspark/info) must show forced tokens that the grammar never trims.
+
+Sampled replies (temperature > 0) must come from the model's own distribution under the
+grammar: many samples of one request with 24 possible replies, with and without the layer,
+compared by a two-sample test (bench/exactness.py). A fifth replica is the deliberately wrong
+variant: the layer without the worker's vLLM fixes (`DSPARK_VLLM_FIXES=off`,
+worker/vllm_fixes.py), whose drafts are verified at garbage temperatures; the same test must
+tell it apart.
 """
 
 import json
@@ -17,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpustack_dspark.bench import exactness
 from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
@@ -60,8 +68,11 @@ def replicas(tmp_path_factory):
         "layer": LAYER_ARGS + SAME_VLLM_ARGS,
         "strict": LAYER_ARGS + ["--dspark-accept-threshold=0.99"] + SAME_VLLM_ARGS,
         "budget": BUDGET_ARGS + SAME_VLLM_ARGS,
+        "unfixed": LAYER_ARGS + SAME_VLLM_ARGS,
     }
-    started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"])
+    env = {"unfixed": {"DSPARK_VLLM_FIXES": "off"}}  # the wrong variant of the exactness test
+    started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"],
+                                   env=env.get(name))
                for name, args in settings.items()}
     try:
         for replica in started.values():
@@ -186,6 +197,63 @@ def test_layer_steps_aside_for_requests_without_a_grammar(replicas):
     assert drafting_counters(replica)["requests_without_grammar"] == before + 1
     log = replica.process.log_path.read_text()
     assert "DSpark drafting off for request" in log and "it has no grammar" in log
+
+
+EXACTNESS_SAMPLES = 300
+# p-values below this reject "one distribution"; a correct variant fails by chance 1 run in 1,000.
+EXACTNESS_ALPHA = 0.001
+
+
+def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier_is_caught(replicas):
+    def sample(name, sampling, samples=EXACTNESS_SAMPLES):
+        return exactness.sample_choices(replicas[name].base_url, SERVED_NAME, sampling, samples)
+
+    t1 = exactness.SETTINGS["t1"]
+    before = drafting_counters(replicas["layer"], settle_s=0)
+    reference = sample("plain", t1)
+    # Every reply is one of the 24 the schema allows, and the model uses many of them.
+    assert len(set(reference)) >= 8, sorted(set(reference))
+    layer = exactness.two_sample(reference, sample("layer", t1))
+    after = drafting_counters(replicas["layer"])
+    budget = exactness.two_sample(reference, sample("budget", t1))
+    wrong = exactness.two_sample(reference, sample("unfixed", t1, 200))
+    assert layer.p_value > EXACTNESS_ALPHA, ("forced + statistical, length 8", layer.line())
+    assert budget.p_value > EXACTNESS_ALPHA, ("auto", budget.line())
+    assert wrong.p_value < EXACTNESS_ALPHA, ("without the vLLM fixes", wrong.line())
+    assert wrong.tv > layer.tv and wrong.tv > budget.tv, (wrong.line(), layer.line(), budget.line())
+
+    # Grammar-forced tokens are certain under the grammar: accepted at temperature 1 too.
+    proposed = after["forced_proposed"] - before["forced_proposed"]
+    accepted = after["forced_accepted"] - before["forced_accepted"]
+    assert proposed > 0 and accepted / proposed > 0.9, (accepted, proposed)
+
+    # top_p on draft positions too (it was expanded as garbage like the temperature).
+    t07 = exactness.SETTINGS["t07p09"]
+    nucleus = exactness.two_sample(sample("plain", t07), sample("layer", t07))
+    assert nucleus.p_value > EXACTNESS_ALPHA, ("temperature 0.7, top_p 0.9", nucleus.line())
+
+
+def test_seeded_sampling_with_chunked_prefills_is_served_and_the_replica_stays_up(replicas):
+    # The budget replica's step budget is 256 tokens: these prompts (~400 tokens) are prefilled
+    # in chunks, where vLLM rewinds a seeded request's generator, which CPU generators cannot.
+    replica = replicas["budget"]
+    filler = " ".join(f"Line {i}: the order ships from warehouse {i % 7} to depot {i % 5}." for i in range(30))
+
+    def body(seed):
+        return {"model": SERVED_NAME, "max_tokens": 48, "temperature": 1.0, "seed": seed,
+                "messages": [{"role": "user", "content": f"{filler} Create an order record for user {seed}."}],
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}}
+
+    results = post_all(replica, [body(seed) for seed in range(8)], concurrency=8)
+    assert [status for status, _ in results] == [200] * 8, results
+    assert all(reply["usage"]["prompt_tokens"] > 256 for _, reply in results)
+    # Alone, the same seeded request is chunked the same way each time: the same reply.
+    once = post_all(replica, [body(3)], concurrency=1)[0][1]["choices"][0]["message"]["content"]
+    again = post_all(replica, [body(3)], concurrency=1)[0][1]["choices"][0]["message"]["content"]
+    assert once == again
+    assert replica.process.alive() and replica.ready_status() == 200
+    assert "cpu_generator_rewind applied" in replica.process.log_path.read_text()
 
 
 VERSION_PROBE = """
