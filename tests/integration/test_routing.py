@@ -1,6 +1,6 @@
 """Routing through GPUStack's real `/v1` proxy: server -> real CPU worker -> stand-in replicas.
 
-The replicas are test stand-ins for vLLM (gpustack_dspark/devstack/stand_in_replica.py):
+The replicas are test stand-ins for vLLM (tests/support/stand_in_replica.py):
 no container runtime or GPU exists here, so GPUStack cannot start real replicas yet.
 """
 
@@ -13,13 +13,13 @@ import httpx
 import pytest
 
 from gpustack_dspark import backend
-from gpustack_dspark.devstack.stand_in_instances import (
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
+from tests.support.stand_in_instances import (
     RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend,
     instances_of, set_running, wait_routable,
 )
-from gpustack_dspark.devstack.stand_in_replica import StandInReplica
-from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
+from tests.support.stand_in_replica import StandInReplica
 
 pytestmark = pytest.mark.integration
 
