@@ -176,6 +176,34 @@ def test_json_requests_land_only_on_json_targets(stack):
     stack.wait_idle()
 
 
+PRICE_FORMAT = {"type": "json_schema", "json_schema": {"name": "price", "schema": {
+    "type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}}}
+
+
+def test_the_format_check_judges_multiple_of_exactly_through_the_proxy(stack):
+    """A reply with 37.3 for `multipleOf: 0.01` (a binary-float non-multiple) counts as ok,
+    37.305 as a schema mismatch, streamed and not, through GPUStack's real proxy."""
+    before = stack.routing()["json_format_checks"]
+
+    def counted():
+        now = stack.routing()["json_format_checks"]
+        return now if now["ok"] - before["ok"] == 2 and now["schema_mismatch"] > before["schema_mismatch"] else None
+
+    try:
+        for content, stream in (('{"price": 37.3}', False), ('{"price": 37.3}', True), ('{"price": 37.305}', False)):
+            for name in ("json-a", "json-b"):
+                stack.replicas[name].reply_content = content
+            answer = stack.chat("json-m", {**JSON_BODY, "response_format": PRICE_FORMAT, "stream": stream})
+            assert answer.status_code == 200, answer.text  # the proxy's check counts, it never withholds
+    finally:
+        for name in ("json-a", "json-b"):
+            stack.replicas[name].reply_content = None
+    after = wait_for(counted, 10, "the format check to count the three replies", interval_s=0.2)
+    assert after["schema_mismatch"] - before["schema_mismatch"] == 1
+    assert after["not_json"] == before["not_json"]
+    stack.wait_idle()
+
+
 def _instance_of(stack, replica_name):
     port = stack.replicas[replica_name].port
     return next(str(i["id"]) for i in instances_of(stack.api, stack.models["json-m"]["id"]) if i["ports"] == [port])
