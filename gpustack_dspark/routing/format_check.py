@@ -5,16 +5,19 @@ check never delays a reply. Non-streamed: the whole body (bounded). Streamed: th
 deltas of each choice are accumulated from the SSE events (bounded per choice) and checked
 when the stream ends. A choice cut by `max_tokens` (finish_reason "length") is not a
 format error — the client asked for fewer tokens than the object needed — and counts as
-`truncated`.
+`truncated`. Whether a choice's text is JSON and follows the schema is judged by
+`reply_check.py`, the replica's own check too (numbers exact: `multipleOf` on decimals; its
+validators cached, bounded).
 """
 
 import json
-from collections import OrderedDict
 from typing import Any, Dict, Optional, Union
 
+from gpustack_dspark import reply_check
+
 OK = "ok"
-NOT_JSON = "not_json"
-SCHEMA_MISMATCH = "schema_mismatch"
+NOT_JSON = reply_check.NOT_JSON
+SCHEMA_MISMATCH = reply_check.SCHEMA_MISMATCH
 TRUNCATED = "truncated"
 UNCHECKED = "unchecked"  # over the size bound, an error reply, or not a completion
 RESULTS = (OK, NOT_JSON, SCHEMA_MISMATCH, TRUNCATED, UNCHECKED)
@@ -25,45 +28,14 @@ MAX_CHOICE_CHARS = 256 * 1024  # per streamed choice
 MAX_CHOICES = 16
 _SEVERITY = {OK: 0, UNCHECKED: 1, TRUNCATED: 2, SCHEMA_MISMATCH: 3, NOT_JSON: 4}
 
-_validators: "OrderedDict[str, Any]" = OrderedDict()
-_VALIDATOR_CACHE = 64
-
-
-def _validator(schema: Any):
-    """A cached jsonschema validator; None when the schema itself is unusable."""
-    key = json.dumps(schema, sort_keys=True, default=str)
-    if key in _validators:
-        _validators.move_to_end(key)
-        return _validators[key]
-    try:
-        import jsonschema
-
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-        validator = cls(schema)
-    except Exception:
-        validator = None
-    _validators[key] = validator
-    if len(_validators) > _VALIDATOR_CACHE:
-        _validators.popitem(last=False)
-    return validator
-
-
 def check_content(content: Optional[str], finish_reason: Optional[str], schema: Any = None) -> str:
-    """The result for one choice's text."""
+    """The result for one choice's text (the judgement is `reply_check`'s, the worker's too)."""
     if finish_reason == "length":
         return TRUNCATED
     if content is None:
         return UNCHECKED
-    try:
-        value = json.loads(content)
-    except ValueError:
-        return NOT_JSON
-    if schema is not None:
-        validator = _validator(schema)
-        if validator is not None and next(validator.iter_errors(value), None) is not None:
-            return SCHEMA_MISMATCH
-    return OK
+    problem = reply_check.check(content, schema)
+    return OK if problem is None else problem.kind
 
 
 def worst(results) -> str:

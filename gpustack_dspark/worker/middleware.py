@@ -22,6 +22,7 @@ import logging
 import os
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
+from gpustack_dspark import reply_check
 from gpustack_dspark.worker import json_default, request_limits, sampling_check, schema_check, state as worker_state
 
 logger = logging.getLogger("gpustack_dspark.worker")
@@ -32,7 +33,7 @@ HEALTH_PROBE_TIMEOUT_S = 0.8
 ANY_JSON: Dict[str, Any] = {}  # the empty schema: "any JSON value" (json_object replies)
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # "0": refuse what vLLM's xgrammar backend refuses instead of relaxing it (the behaviour before
-# issue 20; bench/schema_bench.py compares both).
+# issue 20; tests/bench/schema_bench.py compares both).
 RELAX_ENV = "DSPARK_SCHEMA_RELAX"
 
 Scope = Dict[str, Any]
@@ -284,12 +285,10 @@ def _authorized(scope: Scope, keys) -> bool:
 
 def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:
     """Why a finished reply breaks `schema` (None when it validates, was cut by max_tokens, or
-    there is nothing to check)."""
+    there is nothing to check); each choice judged by `reply_check` (numbers exact)."""
     if schema is None or start.get("status") != 200:
         return None
     try:
-        import jsonschema
-
         payload = json.loads(body)
         for choice in payload.get("choices") or []:
             if choice.get("finish_reason") != "stop":
@@ -297,14 +296,9 @@ def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) 
             content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
             if content is None:
                 continue
-            try:
-                value = json.loads(content)
-            except json.JSONDecodeError as e:
-                return f"not JSON: {e.msg}"
-            error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
-            if error is not None:
-                where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-                return f"at {where}: {error.message[:200]}"
+            problem = reply_check.check(content, schema)  # the proxy's format check judges the same way
+            if problem is not None:
+                return str(problem)
     except Exception as e:  # a checker problem must not eat a good reply
         logger.warning("schema check of a reply failed: %s", e)
     return None

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from gpustack_dspark.devstack.processes import venv_bin
-from gpustack_dspark.devstack.stand_in_replica import BROKEN_JSON, StandInReplica
+from tests.support.stand_in_replica import BROKEN_JSON, StandInReplica
 
 pytestmark = pytest.mark.integration
 

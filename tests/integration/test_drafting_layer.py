@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpustack_dspark.bench import exactness
-from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from tests.bench import exactness
+from tests.bench.order_json import SAME_VLLM_ARGS
 
 pytestmark = pytest.mark.integration
 

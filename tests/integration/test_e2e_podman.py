@@ -24,10 +24,10 @@ import pytest
 
 from gpustack_dspark.bench import workloads
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_info
-from gpustack_dspark.devstack.stand_in_instances import instances_of
 from gpustack_dspark.routing import speed
 from tests.conftest import dspark_status, wait_for
 from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
+from tests.support.stand_in_instances import instances_of
 
 # The module's first test carries the stack's start: a cold image build on a fresh machine
 # and GPUStack's provisioning take minutes (the project default is 900 s per test).

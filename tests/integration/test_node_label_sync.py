@@ -1,6 +1,6 @@
 """The node-label sync in a real GPUStack 2.3.0 server (real PostgreSQL, real CPU workers),
 reading nodes with the real `kubernetes` client from a Kubernetes API STAND-IN
-(`devstack/stand_in_kube_api.py`: no kube-apiserver can run on these machines).
+(`tests/support/stand_in_kube_api.py`: no kube-apiserver can run on these machines).
 
 One server for the module. (A bad kubeconfig turning off only this feature is checked on the
 config-file server of test_fault_safety.py, which starts anyway.) Negative checks ("still labelled", "untouched") wait for two
@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from gpustack_dspark.devstack.api import GPUStackAPI
-from gpustack_dspark.devstack.stand_in_kube_api import StandInKubeAPI
 from gpustack_dspark.devstack.worker import join_cpu_worker
 from gpustack_dspark.k8s.node_labels import MARKER_KEY, MARKER_VALUE
 from gpustack_dspark.k8s.gpustack_writes import ADVISORY_LOCK_KEY
 from tests.conftest import admin_api, dspark_status, wait_for
+from tests.support.stand_in_kube_api import StandInKubeAPI
 
 pytestmark = pytest.mark.integration
 

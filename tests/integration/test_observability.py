@@ -17,9 +17,9 @@ import pytest
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.processes import venv_bin
 from gpustack_dspark.devstack.replica import DRAFT_MODEL, SERVED_NAME, start_replica
-from gpustack_dspark.devstack.stand_in_replica import BROKEN_JSON, StandInReplica
 from tests.conftest import admin_api, dspark_status, wait_for
 from tests.integration.test_routing import models_on_real_replicas
+from tests.support.stand_in_replica import BROKEN_JSON, StandInReplica
 
 pytestmark = pytest.mark.integration
 

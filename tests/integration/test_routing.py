@@ -1,6 +1,6 @@
 """Routing through GPUStack's real `/v1` proxy: server -> real CPU worker -> stand-in replicas.
 
-The replicas are test stand-ins for vLLM (gpustack_dspark/devstack/stand_in_replica.py):
+The replicas are test stand-ins for vLLM (tests/support/stand_in_replica.py):
 no container runtime or GPU exists here, so GPUStack cannot start real replicas yet.
 """
 
@@ -13,13 +13,13 @@ import httpx
 import pytest
 
 from gpustack_dspark import backend
-from gpustack_dspark.devstack.stand_in_instances import (
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
+from tests.support.stand_in_instances import (
     RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend,
     instances_of, set_running, wait_routable,
 )
-from gpustack_dspark.devstack.stand_in_replica import StandInReplica
-from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
+from tests.support.stand_in_replica import StandInReplica
 
 pytestmark = pytest.mark.integration
 
@@ -173,6 +173,34 @@ def test_json_requests_land_only_on_json_targets(stack):
     # A JSON-only model serves a request without JSON intent (policy serve_as_json).
     assert stack.chat("json-m", PLAIN_BODY).status_code == 200
     assert stack.routing()["decisions"]["json_only"] >= 1
+    stack.wait_idle()
+
+
+PRICE_FORMAT = {"type": "json_schema", "json_schema": {"name": "price", "schema": {
+    "type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}}}
+
+
+def test_the_format_check_judges_multiple_of_exactly_through_the_proxy(stack):
+    """A reply with 37.3 for `multipleOf: 0.01` (a binary-float non-multiple) counts as ok,
+    37.305 as a schema mismatch, streamed and not, through GPUStack's real proxy."""
+    before = stack.routing()["json_format_checks"]
+
+    def counted():
+        now = stack.routing()["json_format_checks"]
+        return now if now["ok"] - before["ok"] == 2 and now["schema_mismatch"] > before["schema_mismatch"] else None
+
+    try:
+        for content, stream in (('{"price": 37.3}', False), ('{"price": 37.3}', True), ('{"price": 37.305}', False)):
+            for name in ("json-a", "json-b"):
+                stack.replicas[name].reply_content = content
+            answer = stack.chat("json-m", {**JSON_BODY, "response_format": PRICE_FORMAT, "stream": stream})
+            assert answer.status_code == 200, answer.text  # the proxy's check counts, it never withholds
+    finally:
+        for name in ("json-a", "json-b"):
+            stack.replicas[name].reply_content = None
+    after = wait_for(counted, 10, "the format check to count the three replies", interval_s=0.2)
+    assert after["schema_mismatch"] - before["schema_mismatch"] == 1
+    assert after["not_json"] == before["not_json"]
     stack.wait_idle()
 
 

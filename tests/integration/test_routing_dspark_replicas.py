@@ -4,7 +4,7 @@ hand (no container runtime here to let GPUStack's worker start them; the end-to-
 does that with Podman), everything on the request path is real.
 
 The soak adds a second model over three replicas: two stand-ins for vLLM with a realistic
-latency (devstack/stand_in_replica.py) and one of the real replicas (it also serves that
+latency (tests/support/stand_in_replica.py) and one of the real replicas (it also serves that
 model's name)."""
 
 import asyncio
@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
-from gpustack_dspark.devstack.stand_in_replica import StandInReplica
 from tests.conftest import admin_api, dspark_status, wait_for
 from tests.integration.test_routing import models_on_real_replicas
+from tests.support.stand_in_replica import StandInReplica
 
 pytestmark = pytest.mark.integration
 

@@ -114,7 +114,7 @@ def test_no_target(capsys, monkeypatch):
 
 
 def test_the_budget_trace_is_fixed_by_its_seed_and_counts_busy_time_once():
-    from gpustack_dspark.bench import budget_trace
+    from tests.bench import budget_trace
 
     first, again = budget_trace.trace(15), budget_trace.trace(15)
     assert first == again and [p for p in ("low", "high", "low2") if any(i["phase"] == p for i in first)] == \

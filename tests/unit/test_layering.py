@@ -71,3 +71,43 @@ def test_the_node_label_sync_reports_through_the_plugin_only():
     for path in _modules("k8s"):
         imported = _our_imports(path)
         assert not any(".observe" in n or ".placement" in n or ".routing" in n for n in imported), path
+
+
+CLI_BENCH_LIBRARY = {"load", "workloads", "runner", "report", "sweep"}
+
+
+def _all_imports(path: Path) -> set:
+    """Every absolute module an import statement names (ours or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_the_bench_package_is_the_cli_library_only():
+    # The experiments and the stand-ins live in tests/bench and tests/support: not in the wheel.
+    assert {p.stem for p in _modules("bench")} == {"__init__", *CLI_BENCH_LIBRARY}
+    assert not list(PACKAGE.rglob("stand_in*.py"))
+
+
+def test_the_bench_library_never_imports_the_devstack_and_the_devstack_only_the_library():
+    for path in _modules("bench"):
+        assert not any(".devstack" in n for n in _our_imports(path)), path
+    for path in _modules("devstack"):
+        for name in _our_imports(path):
+            if name.startswith("gpustack_dspark.bench."):
+                assert name.split(".")[2] in CLI_BENCH_LIBRARY, (path, name)
+
+
+def test_the_package_never_imports_the_tests():
+    for path in _modules():
+        assert not any(n == "tests" or n.startswith("tests.") for n in _all_imports(path)), path
+
+
+def test_one_reply_checker_serves_the_proxy_and_the_worker():
+    assert _our_imports(PACKAGE / "reply_check.py") == set()
+    assert "gpustack_dspark.reply_check" in _our_imports(PACKAGE / "routing" / "format_check.py")
+    assert "gpustack_dspark.reply_check" in _our_imports(PACKAGE / "worker" / "middleware.py")

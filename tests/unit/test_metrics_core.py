@@ -41,6 +41,61 @@ def test_non_streamed_replies():
     assert fc.check_body(b" " * (fc.MAX_BODY_BYTES + 1)) == fc.UNCHECKED
 
 
+PRICE = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}
+
+
+def test_the_format_check_judges_multiple_of_on_the_decimal_text():
+    # Held-out fault: 37.3 for multipleOf 0.01 (37.3 / 0.01 = 3729.9999999999995 in floats).
+    for good in ("37.3", "-37.3", "1e2", "0", "7", "12345678901234567890.12", "1e400"):
+        assert fc.check_body(_reply('{"price": %s}' % good), PRICE) == fc.OK, good
+    assert fc.check_body(_reply('{"price": 37.305}'), PRICE) == fc.SCHEMA_MISMATCH
+    check = fc.StreamCheck(PRICE)
+    check.feed(_sse(['{"price": 3', '7.', '3}']))
+    assert check.result() == fc.OK
+    check = fc.StreamCheck(PRICE)
+    check.feed(_sse(['{"price": 3', '7.30', '5}']))
+    assert check.result() == fc.SCHEMA_MISMATCH
+
+
+def test_the_format_middleware_counts_an_exact_multiple_as_ok():
+    """The proxy's check path: FormatCheckMiddleware inside a routing slot, around a stand-in
+    for GPUStack's proxy answering a fixed reply, streamed and not."""
+    import asyncio
+
+    from gpustack_dspark.routing.context import enter_slot, leave_slot
+    from gpustack_dspark.routing.format_middleware import FormatCheckMiddleware
+
+    def run(content, stream):
+        async def proxy(scope, receive, send):
+            kind = b"text/event-stream" if stream else b"application/json"
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+            await send({"type": "http.response.body", "body": _sse([content[:5], content[5:]]).encode() if stream
+                        else _reply(content)})
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            pass
+
+        async def one():
+            slot, token = enter_slot()
+            slot.json_intent, slot.model, slot.instance_id, slot.schema = True, "orders", 1, PRICE
+            try:
+                await FormatCheckMiddleware(proxy, stats)(
+                    {"type": "http", "method": "POST", "path": "/v1/chat/completions"}, receive, send)
+            finally:
+                leave_slot(token)
+
+        asyncio.run(one())
+
+    stats = FormatStats()
+    for stream in (False, True):
+        run('{"price": 37.3}', stream)
+        run('{"price": 37.305}', stream)
+    assert stats.snapshot() == {("orders", "1", fc.OK): 2, ("orders", "1", fc.SCHEMA_MISMATCH): 2}
+
+
 def test_streamed_replies_split_anywhere():
     text = _sse(['{"n"', ': 4', '2}'])
     for size in (1, 7, 50, len(text)):

@@ -4,11 +4,11 @@ loopback, a few seconds."""
 
 import pytest
 
-from gpustack_dspark.devstack.stand_in_kube_api import StandInKubeAPI
 from gpustack_dspark.k8s.node_labels import NodeView
 from gpustack_dspark.k8s.node_watch import NodeWatcher, load_api_client
 from gpustack_dspark.labels import parse_selector
 from tests.conftest import wait_for as _wait_for
+from tests.support.stand_in_kube_api import StandInKubeAPI
 
 SELECTOR = "pool=json"
 

@@ -220,7 +220,7 @@ def test_relaxing_drops_only_what_xgrammar_refuses_and_keeps_the_original():
 
 
 def test_schema_bench_classifies_each_answer():
-    from gpustack_dspark.bench.schema_bench import classify
+    from tests.bench.schema_bench import classify
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

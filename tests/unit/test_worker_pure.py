@@ -142,6 +142,66 @@ def test_replies_that_break_the_schema_are_caught():
     assert schema_violation(*_reply("hello"), None) is None
 
 
+PRICE = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}
+
+
+def test_the_reply_check_judges_multiple_of_on_the_decimal_text():
+    from gpustack_dspark.worker.middleware import schema_violation
+
+    # Held-out fault: 37.3 for multipleOf 0.01 was withheld (37.3 / 0.01 = 3729.9999999999995 in floats).
+    for good in ("37.3", "-37.3", "1e2", "0", "7", "12345678901234567890.12"):
+        assert schema_violation(*_reply('{"price": %s}' % good), PRICE) is None, good
+    assert schema_violation(*_reply('{"price": 37.305}'), PRICE) == "at price: 37.305 is not a multiple of 0.01"
+
+
+def _completion(middleware, body):
+    """One POST /v1/chat/completions through the worker's middleware; (status, JSON answer)."""
+    import asyncio
+
+    raw = json.dumps(body).encode()
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT_PATH, "headers": [(b"content-length", str(len(raw)).encode())]}
+    asyncio.run(middleware(scope, receive, send))
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def test_the_middleware_serves_an_exact_multiple_and_withholds_a_true_non_multiple(monkeypatch):
+    """The replica's real reply path (JSON default with the replica's schema, the check, the
+    withheld 500) around a stand-in for vLLM's app that answers a fixed reply."""
+    from gpustack_dspark.knobs import DSparkKnobs
+    from gpustack_dspark.translate import LaunchPlan
+    from gpustack_dspark.worker import state as worker_state
+    from gpustack_dspark.worker.middleware import DSparkMiddleware
+
+    replies = []
+
+    async def vllm(scope, receive, send):
+        answer = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": replies[-1]}}]}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": answer})
+
+    state = worker_state.WorkerState(plan=LaunchPlan(vllm_argv=[], enabled=True, grammar_mode="json"),
+                                     knobs=DSparkKnobs(), default_schema=PRICE)
+    monkeypatch.setattr(worker_state, "_current", state)
+    middleware = DSparkMiddleware(vllm)
+    replies.append('{"price": 37.3}')
+    status, answer = _completion(middleware, dict(MSG))
+    assert status == 200 and answer["choices"][0]["message"]["content"] == '{"price": 37.3}'
+    replies.append('{"price": 37.305}')
+    status, answer = _completion(middleware, dict(MSG))
+    assert status == 500 and answer["error"]["type"] == "SchemaViolationError"
+    assert "37.305 is not a multiple of 0.01" in answer["error"]["message"]
+    assert state.counters["schema_violations"] == 1 and state.counters["json_injected"] == 2
+
+
 def test_a_draft_path_vllm_would_read_a_method_from_is_passed_through_a_neutral_alias(tmp_path, monkeypatch):
     # vLLM 0.32 turns method draft_model into dspark when the draft path contains "dspark".
     from pathlib import Path

@@ -1,6 +1,6 @@
 """Benchmark: does speculation sample the model's own distribution under the grammar?
 
-    .venv/bin/python -m gpustack_dspark.bench.exactness [--samples 1000] [--settings t1,t07p09]
+    .venv/bin/python -m tests.bench.exactness [--samples 1000] [--settings t1,t07p09]
 
 Speculative decoding is exact only if every verified draft position is judged against the
 target's grammar-masked, temperature-scaled distribution, a one-hot draft is accepted with the
@@ -235,7 +235,7 @@ def variants() -> List[Tuple[str, List[str], Dict[str, str]]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
+    from tests.bench.order_json import SAME_VLLM_ARGS
     from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,6 +1,6 @@
 """Benchmark: the order-JSON workload on one replica setting, DSpark on vs off, side by side.
 
-    .venv/bin/python -m gpustack_dspark.bench.order_json [--requests 64] [--concurrency 8] [--on-args="--enable-dspark"]
+    .venv/bin/python -m tests.bench.order_json [--requests 64] [--concurrency 8] [--on-args="--enable-dspark"]
 
 Starts real `dspark-serve` replicas (real vLLM on CPU, the tiny fixture model) one after the
 other with identical vLLM settings — "off" is plain vLLM with the same structured-output

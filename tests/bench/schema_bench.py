@@ -19,7 +19,7 @@ and reason), withheld (the replica's reply check: 5xx SchemaViolationError), inv
 (finished, delivered and does not validate: must be 0), error (no answer). Prints a table per
 split and in total for both configurations.
 
-    .venv/bin/python -m gpustack_dspark.bench.schema_bench [--per-split N] [--limit N] [--max-tokens 256]
+    .venv/bin/python -m tests.bench.schema_bench [--per-split N] [--limit N] [--max-tokens 256]
         [--concurrency 2] [--out results.json]
 
 All 333 schemas take about half an hour per configuration on a busy 2-core machine (~5 s a
@@ -144,7 +144,7 @@ def run_config(name: str, pass_status: bool, relax: bool, replica_args: List[str
     from gpustack_dspark.devstack.api import GPUStackAPI
     from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
     from gpustack_dspark.devstack.server import GPUStackServer
-    from gpustack_dspark.devstack.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
+    from tests.support.stand_in_instances import RunningStateKeeper, create_stand_in_model, wait_routable
     from gpustack_dspark.devstack.worker import join_cpu_worker
 
     policy_dir = base / f"policy-{name}"

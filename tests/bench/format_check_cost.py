@@ -1,6 +1,6 @@
 """Cost of the proxy's JSON format check (routing/format_check.py) per reply, on this machine.
 
-    .venv/bin/python -m gpustack_dspark.bench.format_check_cost [--replies 2000]
+    .venv/bin/python -m tests.bench.format_check_cost [--replies 2000]
 
 Prints microseconds per non-streamed order-JSON reply (parse + schema validation) and per
 streamed reply (3-character deltas, one SSE event each). The check runs after the reply's

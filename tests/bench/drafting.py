@@ -1,11 +1,11 @@
 """Benchmark: DSpark drafting variants side by side, in one run, on real vLLM (CPU).
 
-    .venv/bin/python -m gpustack_dspark.bench.drafting [--requests 48] [--concurrency 8]
+    .venv/bin/python -m tests.bench.drafting [--requests 48] [--concurrency 8]
 
 One replica per variant (identical vLLM settings and speculative length), started one after
-the other; each serves two workloads: order JSON (the schema of bench/order_json.py) and a
+the other; each serves two workloads: order JSON (the schema of tests/bench/order_json.py) and a
 fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
-bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
+tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
 sweep of forced + statistical. Grammar engines (issue 20): forced + statistical with xgrammar
 only (the replica before both engines), and with every request's grammar held by llguidance
@@ -31,9 +31,9 @@ from typing import Dict, List, Sequence, Tuple
 import httpx
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
-from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from tests.bench.order_json import SAME_VLLM_ARGS
 
 FIXED_SCHEMA = json.loads((Path(__file__).parent / "data" / "glaive_book_flight.schema.json").read_text())
 CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Rome")

@@ -3,7 +3,7 @@ expected-finish-time balancing, slow start on scale-out, and the routing layer's
 
 Not a test. A real PostgreSQL, real GPUStack 2.3 servers (`--dspark-disable` = stock;
 otherwise the plugin with a routing policy written for the configuration) each with a real
-CPU worker, and stand-in replicas (test stand-ins for vLLM, devstack/stand_in_replica.py)
+CPU worker, and stand-in replicas (test stand-ins for vLLM, tests/support/stand_in_replica.py)
 whose latency grows with their own in-flight past a capacity. Parts (`--parts`):
 
 - `skew`: replicas A and B, B 3x slower; a closed loop of mixed requests (80% short, 20%
@@ -18,7 +18,7 @@ whose latency grows with their own in-flight past a capacity. Parts (`--parts`):
   concurrency 1 and 8; the median of per-batch medians, what the plugin adds over stock,
   P99.9 and the server's full garbage collections (from `GET /v2/dspark/status`).
 
-    .venv/bin/python -m gpustack_dspark.bench.routing_compare [--parts skew,scaleout,cost] [--runs 3]
+    .venv/bin/python -m tests.bench.routing_compare [--parts skew,scaleout,cost] [--runs 3]
 
 Bounded: every loop stops after a set count or time; all parts take ~15-20 minutes here.
 """
@@ -40,11 +40,11 @@ from gpustack_dspark import backend
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
 from gpustack_dspark.devstack.server import GPUStackServer
-from gpustack_dspark.devstack.stand_in_instances import (
+from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.support.stand_in_instances import (
     RunningStateKeeper, create_stand_in_model, instances_of, set_running, wait_routable,
 )
-from gpustack_dspark.devstack.stand_in_replica import StandInReplica
-from gpustack_dspark.devstack.worker import join_cpu_worker
+from tests.support.stand_in_replica import StandInReplica
 
 BODY = {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}
 STOCK = "stock-round-robin"

@@ -1,6 +1,6 @@
 """Fixed speculative lengths against the per-step budget on one mixed-load trace, side by side.
 
-    .venv/bin/python -m gpustack_dspark.bench.budget_trace --variants none,1,2,3,4,5,6,7,8,auto --runs 3
+    .venv/bin/python -m tests.bench.budget_trace --variants none,1,2,3,4,5,6,7,8,auto --runs 3
 
 The trace is fixed before tuning (seeded): low -> high -> low load phases, Poisson arrivals,
 70 % order-JSON requests (high acceptance) and 30 % free-text requests (no grammar: low
@@ -29,9 +29,9 @@ from typing import Any, Dict, List
 import httpx
 
 from gpustack_dspark.bench.load import json_check, percentile
-from gpustack_dspark.bench.order_json import SAME_VLLM_ARGS
 from gpustack_dspark.bench.workloads import order_body
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from tests.bench.order_json import SAME_VLLM_ARGS
 
 PHASES = (("low", 1.0, 12.0), ("high", 12.0, 10.0), ("low2", 1.0, 12.0))  # (name, requests/s, seconds)
 TEXT_SHARE = 0.3
