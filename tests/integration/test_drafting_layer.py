@@ -222,10 +222,12 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     assert wrong.p_value < EXACTNESS_ALPHA, ("without the vLLM fixes", wrong.line())
     assert wrong.tv > layer.tv and wrong.tv > budget.tv, (wrong.line(), layer.line(), budget.line())
 
-    # Grammar-forced tokens are certain under the grammar: accepted at temperature 1 too.
-    proposed = after["forced_proposed"] - before["forced_proposed"]
-    accepted = after["forced_accepted"] - before["forced_accepted"]
-    assert proposed > 0 and accepted / proposed > 0.9, (accepted, proposed)
+    # Grammar-forced tokens (the only token the grammar allows) are certain: accepted at
+    # temperature 1 too; spelled ones (other spellings allowed) are the model's choice.
+    reached = {kind: (after[f"{kind}_accepted"] - before[f"{kind}_accepted"],
+                      after[f"{kind}_rejected"] - before[f"{kind}_rejected"]) for kind in ("forced", "spelled")}
+    accepted, rejected = reached["forced"]
+    assert accepted > 100 and accepted / (accepted + rejected) >= 0.99, reached
 
     # top_p on draft positions too (it was expanded as garbage like the temperature).
     t07 = exactness.SETTINGS["t07p09"]

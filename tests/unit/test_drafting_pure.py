@@ -4,7 +4,7 @@ The grammar here is a small scripted walker over a fixed document (a test double
 xgrammar's matcher, which lives in the worker venv; the integration tests use the real one).
 """
 
-from gpustack_dspark.worker.drafting.draft_builder import FORCED, STATISTICAL, DraftPolicy, build_draft
+from gpustack_dspark.worker.drafting.draft_builder import FORCED, SPELLED, STATISTICAL, DraftPolicy, Spellings, build_draft
 from gpustack_dspark.worker.drafting.ngram_index import NgramIndex, RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import DraftingCounters, StatsWriter, read_counters
 
@@ -121,6 +121,25 @@ def test_forced_text_is_spelled_the_way_the_model_spelled_it_before():
     draft = build_draft(grammar, encode, lambda _: (301, 0.9), DraftPolicy(length=2, threshold=0.1, statistical=False),
                         token_text=lambda t: texts.get(t, ""))
     assert draft.tokens == encode("ab") and draft.kinds == [FORCED, FORCED]
+
+
+def test_a_forced_token_is_forced_only_when_no_other_spelling_is_allowed():
+    # Vocabulary: single characters, plus '",' and 'ab' (and 'abc', which runs past "ab").
+    vocab = [(ord(c), c) for c in '{}",:ab'] + [(300, '",'), (301, "ab"), (302, "abc"), (303, "\ufffd")]
+    spellings = Spellings(vocab)
+    # Before '",' two tokens are allowed: '"' alone and '",'.
+    assert not spellings.sole('",', '"') and not spellings.sole('",', '",')
+    # ':' is the only token spelling a piece of ':' (nothing longer starts with it).
+    assert spellings.sole(':', ':')
+    # 'ab' could also be written 'abc' if the grammar allowed a 'c' after it: not sole.
+    assert not spellings.sole("ab", "ab")
+    assert spellings.sole("{:", "{") and not spellings.sole("{:", "}")  # '}' spells no piece of it
+    # In a draft: the canonical '{' is forced, the '"' before ',' is spelled; the stop token forced.
+    doc = encode('{"')
+    grammar = ScriptedGrammar(doc, {0: '{"'})
+    draft = build_draft(grammar, encode, lambda _: None, DraftPolicy(length=8, threshold=0.3),
+                        token_text=lambda t: dict(vocab).get(t, ""), spellings=Spellings(vocab + [(304, '"x')]))
+    assert draft.tokens == doc + [99] and draft.kinds == [FORCED, SPELLED, FORCED]
 
 
 def test_statistical_guess_the_grammar_refuses_ends_the_draft():

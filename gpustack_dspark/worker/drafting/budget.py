@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("forced", "statistical", "base")
+KINDS = ("forced", "spelled", "statistical", "base")
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,20 @@ value) and rolled back before returning: the request's real grammar state is unt
 Confidence: forced tokens 1; a statistical token carries the chance that the draft is still
 right after it (the product of the estimates so far). The draft is cut at the first token
 whose confidence is below the threshold.
+
+Kinds: the grammar forces *text*, not tokens. A token of forced text is `forced` only when it
+is the one token the grammar allows there (no other token spells a piece of the forced text,
+none runs past it): its masked probability is 1, so it is accepted at any temperature. Where
+other spellings are allowed (`"` and `",` and `","` before the next key), the token is
+`spelled`: drafted the same way, but the model picks among spellings, and at temperature > 0
+it is accepted with the model's probability of this spelling. The speculation budget learns
+each kind's acceptance separately.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
-FORCED, STATISTICAL = "forced", "statistical"
+FORCED, SPELLED, STATISTICAL = "forced", "spelled", "statistical"
 
 
 class GrammarWalker(Protocol):
@@ -47,13 +55,39 @@ class Draft:
         self.confidences.append(confidence)
 
 
+class Spellings:
+    """Which token texts of the vocabulary spell a piece of a given text (pure, built once)."""
+
+    def __init__(self, texts: Iterable[Tuple[int, str]]) -> None:
+        self.by_text: Dict[str, int] = {}
+        self.proper_prefixes: Set[str] = set()
+        self.longest = 0
+        for token, text in texts:
+            if not text or "\ufffd" in text:
+                continue  # special or partial-UTF-8 tokens spell no JSON text
+            self.by_text.setdefault(text, token)
+            self.longest = max(self.longest, len(text))
+            for end in range(1, len(text)):
+                self.proper_prefixes.add(text[:end])
+
+    def sole(self, text: str, token_text: str) -> bool:
+        """Is the token spelled `token_text` the only one the grammar allows before forced `text`?"""
+        if not token_text or not text.startswith(token_text):
+            return False
+        for end in range(1, min(len(text), self.longest) + 1):
+            if end != len(token_text) and text[:end] in self.by_text:
+                return False  # another token spells a shorter or longer piece of the text
+        # A token that starts with all of the forced text and goes on may be allowed too.
+        return len(text) > self.longest or text not in self.proper_prefixes
+
+
 Encode = Callable[[str], Sequence[int]]
 Predict = Callable[[List[int]], Optional[Tuple[int, float]]]
 TokenText = Callable[[int], str]
 
 
 def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, token_text: TokenText,
-                      draft: List[int]) -> Optional[int]:
+                      draft: List[int], text: Optional[str] = None) -> Optional[int]:
     """The next token of the text the grammar forces from here, or None.
 
     The text is certain, its tokenization is not: a model may spell a key in other pieces
@@ -62,7 +96,8 @@ def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, 
     the canonical split. Once the document is complete, the stop token if it is the only one
     allowed.
     """
-    text = grammar.find_jump_forward_string()
+    if text is None:
+        text = grammar.find_jump_forward_string()
     if not text:
         return grammar.only_allowed_token() if grammar.is_completed() else None
     guess = predict(draft)
@@ -75,16 +110,20 @@ def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, 
 
 
 def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy: DraftPolicy,
-                token_text: TokenText = lambda _: "") -> Draft:
+                token_text: TokenText = lambda _: "", spellings: Optional[Spellings] = None) -> Draft:
     draft = Draft()
     confidence = 1.0
     try:
         while len(draft.tokens) < policy.length and not grammar.is_terminated():
             if policy.forced:
-                token = next_forced_token(grammar, encode, predict, token_text, draft.tokens)
+                text = grammar.find_jump_forward_string()
+                token = next_forced_token(grammar, encode, predict, token_text, draft.tokens, text)
+                # The stop token after a complete document is the only one allowed: forced.
+                kind = FORCED if (not text or spellings is None
+                                  or spellings.sole(text, token_text(token) if token is not None else "")) else SPELLED
                 # A tokenization the grammar refuses (rare boundary cases) ends the forced run.
                 if token is not None and grammar.accept_token(token):
-                    draft.add(token, FORCED)
+                    draft.add(token, kind)
                     continue
             if not policy.statistical:
                 break

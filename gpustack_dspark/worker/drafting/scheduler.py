@@ -134,6 +134,17 @@ class DraftingLayer:
         self.over_llguidance: set = set()
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
         self._texts: Dict[int, str] = {}
+        self._spellings: Optional[draft_builder.Spellings] = None
+
+    def spellings(self) -> draft_builder.Spellings:
+        """The vocabulary's token texts, indexed once (a few ms per 10k tokens)."""
+        if self._spellings is None:
+            try:
+                size = min(self.vocab_size, len(self.tokenizer))
+            except TypeError:
+                size = self.vocab_size
+            self._spellings = draft_builder.Spellings((token, self.token_text(token)) for token in range(size))
+        return self._spellings
 
     def encode(self, text: str) -> Sequence[int]:
         cached = self._encode_cache.get(text)
@@ -177,7 +188,7 @@ class DraftingLayer:
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
-        draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text)
+        draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings())
         self.counters.drafts += 1
         self.counters.drafts_cut_by_threshold += int(draft.cut_by_threshold)
         # A draft-model base drafts from this very position: its tokens beat n-gram guesses

@@ -26,6 +26,9 @@ class DraftingCounters:
     forced_proposed: int = 0
     forced_accepted: int = 0
     forced_rejected: int = 0
+    spelled_proposed: int = 0       # tokens of forced text where other spellings were allowed too
+    spelled_accepted: int = 0
+    spelled_rejected: int = 0
     statistical_proposed: int = 0
     statistical_accepted: int = 0
     statistical_rejected: int = 0
@@ -82,7 +85,7 @@ class DraftingCounters:
         out: Dict[str, Any] = asdict(self)
         out["tokens_per_forward"] = self.tokens_per_forward()
         out["step_profile"] = self.step_profile()
-        for kind in ("forced", "statistical", "base"):
+        for kind in ("forced", "spelled", "statistical", "base"):
             out[f"{kind}_acceptance"] = self.acceptance(kind)
         return out
 
