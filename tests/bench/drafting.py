@@ -60,6 +60,8 @@ def variants(length: int, sweep: Sequence[float]) -> List[Tuple[str, List[str]]]
         ("statistical only", spec + ["--dspark-drafting=statistical"]),
         ("forced only", spec + ["--dspark-drafting=forced"]),
         ("forced + statistical", spec + ["--dspark-drafting=forced+statistical"]),
+        ("forced + statistical, auto", ["--enable-dspark", "--dspark-speculative-length=auto",
+                                        f"--dspark-speculative-max={length}", "--dspark-drafting=forced+statistical"]),
     ]
     out += [(f"forced + statistical, threshold {t}", spec + ["--dspark-drafting=forced+statistical",
                                                              f"--dspark-accept-threshold={t}"]) for t in sweep]
@@ -90,35 +92,52 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
     def metric_text() -> str:
         return httpx.get(f"{base_url}/metrics", timeout=10).text
 
-    before = spec_counters(metric_text())
+    text_before = metric_text()
+    before = spec_counters(text_before)
     stats = asyncio.run(run_load(base_url, bodies, concurrency,
                                  check=json_check(lambda v: jsonschema.validate(v, schema))))
-    after = spec_counters(metric_text())
+    text_after = metric_text()
+    after = spec_counters(text_after)
     spec = acceptance(before, after)
+    forced = {what: _metric(text_after, f"dspark_draft_forced_tokens_{what}_total")
+              - _metric(text_before, f"dspark_draft_forced_tokens_{what}_total") for what in ("accepted", "rejected")}
+    reached = forced["accepted"] + forced["rejected"]
     accepted = spec["accepted"]
     tokens = stats.output_tokens
     return {"tok_s": stats.tokens_per_s, "p50_ms": stats.latency_percentile(50) * 1000,
             "p99_ms": stats.latency_percentile(99) * 1000,
             "acceptance": spec["acceptance_rate"],
+            "forced_acceptance": forced["accepted"] / reached if reached else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
             "format_errors": stats.format_errors, "failed": len(stats.results) - len(stats.ok)}
+
+
+def _metric(text: str, name: str) -> float:
+    """Sum of a counter's samples in a /metrics text (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     base = rows[0][1]["tok_s"] if rows else math.nan
     print(f"\n{workload}")
-    print(f"{'variant':40}{'tok/s':>9}{'x none':>8}{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'tok/fwd':>9}{'fmt err':>8}")
+    print(f"{'variant':40}{'tok/s':>9}{'x none':>8}{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}"
+          f"{'tok/fwd':>9}{'fmt err':>8}")
     for name, f in rows:
         ratio = f["tok_s"] / base if base else math.nan
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
-        print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}"
+        forced = "-" if math.isnan(f.get("forced_acceptance", math.nan)) else f"{f['forced_acceptance']:.3f}"
+        print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}"
               f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=48, help="requests per workload and variant")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", default="8", help="comma-separated levels, each measured per variant")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--length", type=int, default=8, help="speculative length of every variant")
@@ -130,25 +149,28 @@ def main(argv=None) -> None:
     chosen = variants(args.length, sweep)
     if args.only:
         chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
+    levels = [int(c) for c in str(args.concurrency).split(",") if c]
     workloads = {
         "order JSON": (order_bodies(args.requests, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
         "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
             (fixed_schema_bodies(args.requests, args.max_tokens, args.temperature), FIXED_SCHEMA),
     }
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
-    results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {w: [] for w in workloads}
+    results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
+                                                              for w in workloads}
     for number, (name, knobs) in enumerate(chosen, 1):
         replica = start_replica(logs / f"variant-{number}.log",
                                 knobs + SAME_VLLM_ARGS + ["--dspark-warmup-requests", "2"])
         try:
             replica.wait_ready(600)
-            for workload, (bodies, schema) in workloads.items():
-                if name == LLGUIDANCE_VARIANT:
-                    bodies = on_llguidance(bodies)
-                figures = measure(replica.base_url, bodies, schema, args.concurrency)
-                results[workload].append((name, figures))
-                print(f"[{number}/{len(chosen)}] {name} / {workload}: "
-                      f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
+            for level in levels:
+                for workload, (bodies, schema) in workloads.items():
+                    if name == LLGUIDANCE_VARIANT:
+                        bodies = on_llguidance(bodies)
+                    figures = measure(replica.base_url, bodies, schema, level)
+                    results[f"{workload}, concurrency {level}"].append((name, figures))
+                    print(f"[{number}/{len(chosen)}] {name} / {workload} / c={level}: "
+                          f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
         finally:
             replica.stop()
     print(f"{args.requests} requests per workload, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "

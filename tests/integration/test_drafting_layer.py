@@ -216,7 +216,7 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     layer = exactness.two_sample(reference, sample("layer", t1))
     after = drafting_counters(replicas["layer"])
     budget = exactness.two_sample(reference, sample("budget", t1))
-    wrong = exactness.two_sample(reference, sample("unfixed", t1, 200))
+    wrong = exactness.two_sample(reference, sample("unfixed", t1))
     assert layer.p_value > EXACTNESS_ALPHA, ("forced + statistical, length 8", layer.line())
     assert budget.p_value > EXACTNESS_ALPHA, ("auto", budget.line())
     assert wrong.p_value < EXACTNESS_ALPHA, ("without the vLLM fixes", wrong.line())
@@ -250,10 +250,8 @@ def test_seeded_sampling_with_chunked_prefills_is_served_and_the_replica_stays_u
     results = post_all(replica, [body(seed) for seed in range(8)], concurrency=8)
     assert [status for status, _ in results] == [200] * 8, results
     assert all(reply["usage"]["prompt_tokens"] > 256 for _, reply in results)
-    # Alone, the same seeded request is chunked the same way each time: the same reply.
-    once = post_all(replica, [body(3)], concurrency=1)[0][1]["choices"][0]["message"]["content"]
-    again = post_all(replica, [body(3)], concurrency=1)[0][1]["choices"][0]["message"]["content"]
-    assert once == again
+    for _, reply in results:  # valid orders (the grammar held through the chunked prefill)
+        assert set(json.loads(reply["choices"][0]["message"]["content"])) == set(ORDER_SCHEMA["required"])
     assert replica.process.alive() and replica.ready_status() == 200
     assert "cpu_generator_rewind applied" in replica.process.log_path.read_text()
 

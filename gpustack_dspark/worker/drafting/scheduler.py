@@ -269,6 +269,12 @@ def _scheduler_class():
                 raise RuntimeError("DSpark drafting layer: this vLLM lacks what it relies on: "
                                    + "; ".join(problems))
             config = layer_config(self.vllm_config)
+            spec = self.vllm_config.speculative_config
+            sample_method = getattr(spec, "draft_sample_method", "greedy") if spec is not None else "greedy"
+            if sample_method != "greedy":
+                # vLLM would judge the layer's tokens with the draft model's probabilities of others.
+                raise RuntimeError(f"DSpark drafting layer: speculative_config draft_sample_method="
+                                   f"{sample_method!r} is not exact with the layer's drafts (allowed: greedy)")
             tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
             vocab_size = self.vllm_config.model_config.get_vocab_size()
             self.dspark = DraftingLayer(config, tokenizer, vocab_size)
