@@ -244,6 +244,22 @@ def test_legacy_guided_json_is_converted_not_ignored(replica):
         assert r.status_code == 400 and "only one of" in r.json()["error"]["message"]
 
 
+def test_sampling_parameters_speculation_would_ignore_get_a_400(replica):
+    with httpx.Client(base_url=replica.base_url, timeout=120) as client:
+        before = client.get("/dspark/info").json()["requests"]["sampling_refused"]
+        r = chat(client, "Reply with a JSON object.", temperature=1.0, min_p=0.2)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "min_p"
+        assert "min_p=0.2 is not honoured" in r.json()["error"]["message"]
+        r = chat(client, "Reply with a JSON object.", logit_bias={"17": 5})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+        assert client.get("/dspark/info").json()["requests"]["sampling_refused"] == before + 2
+        # What vLLM applies to draft positions is served: top_k, top_p, penalties.
+        r = chat(client, "Reply with a JSON object.", temperature=0.8, top_k=20, top_p=0.9,
+                 presence_penalty=0.5, min_p=0)
+        assert r.status_code == 200, r.text
+        json.loads(r.json()["choices"][0]["message"]["content"])
+
+
 def _spec_counters(replica):
     text = httpx.get(f"{replica.base_url}/metrics", timeout=10).text
     totals = {}

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gpustack_dspark.knobs import KnobError
-from gpustack_dspark.worker import json_default
+from gpustack_dspark.worker import json_default, sampling_check
 from gpustack_dspark.worker.json_default import CHAT_PATH, COMPLETIONS_PATH, RequestRejected, rewrite
 from gpustack_dspark.worker.middleware import dspark_stats
 from gpustack_dspark.worker.serve import split_launcher_args, split_model
@@ -222,3 +222,14 @@ def test_a_draft_path_vllm_would_read_a_method_from_is_passed_through_a_neutral_
     assert Path(spec["model"]).resolve() == (root / "tiny-order-draft").resolve()
     assert any("reads the method from a draft path containing 'dspark'" in n for n in plan.notes)
     assert knobs.draft_model == str(marked)
+
+
+def test_sampling_parameters_speculation_ignores_are_refused_by_name():
+    refused = sampling_check.refused_with_speculation
+    assert refused({"min_p": 0.1})[0] == "min_p" and "allowed: 0 or unset" in refused({"min_p": 0.1})[1]
+    assert refused({"logit_bias": {"5": -100}})[0] == "logit_bias"
+    for fine in ({}, {"min_p": 0}, {"min_p": 0.0}, {"min_p": None}, {"logit_bias": {}}, {"logit_bias": None},
+                 {"top_p": 0.9, "top_k": 5, "presence_penalty": 1.0}):
+        assert refused(fine) is None, fine
+    long = refused({"logit_bias": {str(i): 1 for i in range(100)}})[1]
+    assert "..." in long and len(long) < 250
