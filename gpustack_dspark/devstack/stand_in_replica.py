@@ -24,6 +24,7 @@ chunk, as vLLM's does.
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -235,6 +236,8 @@ class StandInReplica:
         self._loop.run_until_complete(asyncio.gather(*pending, asyncio.sleep(0), return_exceptions=True))
 
     def start(self) -> "StandInReplica":
+        if _QUIET not in logging.getLogger("uvicorn.error").filters:
+            logging.getLogger("uvicorn.error").addFilter(_QUIET)
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
@@ -269,6 +272,18 @@ class StandInReplica:
             server.force_exit = True
             self._thread.join(timeout=10)
             self._server = None
+
+
+class _QuietCancellations(logging.Filter):
+    """uvicorn logs a request task cancelled at `stop()` as "Exception in ASGI application" with
+    a traceback: a stopped stand-in's requests end that way by design, so that is not logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+_QUIET = _QuietCancellations()
 
 
 def _split(text: str, parts: int) -> List[str]:

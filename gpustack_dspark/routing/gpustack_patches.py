@@ -68,8 +68,11 @@ class RoutingStats:
     worker_snapshots: Any = None  # the hooks' WorkerSnapshots, once applied
     # Tries whose replica went silent (silence.py): health checks made, answered alive, tries
     # given up, and the longest a given-up try waited from its start to the give-up.
+    # Also the longest wait that was checked, kept and then answered: how close working
+    # replicas come to being given up.
     silence: Dict[str, float] = field(default_factory=lambda: {"checked": 0, "alive": 0, "given_up": 0,
-                                                               "longest_given_up_wait_s": 0.0})
+                                                               "longest_given_up_wait_s": 0.0,
+                                                               "longest_kept_wait_s": 0.0})
 
     def decided(self, decision: str) -> None:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
@@ -283,13 +286,18 @@ def _silence_watch(ctx: "_Context", slot: Optional[RequestSlot], worker, proxy_c
 
     async def alive() -> silence.Verdict:
         return await ctx.liveness.check(instance.id, lambda: _health_check(ctx, worker, instance, proxy_client,
-                                                                            no_proxy_client, seconds))
+                                                                            no_proxy_client, seconds),
+                                        heard_within_s=seconds)
 
     def on_check(answered: bool) -> None:
         ctx.stats.silence["checked"] += 1
         ctx.stats.silence["alive"] += 1 if answered else 0
 
-    return silence.SilenceWatch(seconds, alive, on_check)
+    def on_kept(waited_s: float) -> None:
+        stats = ctx.stats.silence
+        stats["longest_kept_wait_s"] = round(max(stats["longest_kept_wait_s"], waited_s), 3)
+
+    return silence.SilenceWatch(seconds, alive, on_check, on_kept=on_kept)
 
 
 async def _health_check(ctx: "_Context", worker, instance, proxy_client, no_proxy_client,
@@ -323,11 +331,22 @@ def _given_up(ctx: "_Context", slot: RequestSlot, silent: silence.ReplicaSilent)
     return message
 
 
-async def _first_item(watch: silence.SilenceWatch, stream) -> Tuple[Any, Optional[silence.ReplicaSilent]]:
+def _heard(ctx: "_Context", slot: Optional[RequestSlot], status: int, body: Any = None) -> None:
+    """The slot's instance answered (not its worker for it): its replica is alive (silence.py)."""
+    if slot is not None and slot.instance_id is not None and (
+            status < 400 or upstream_status.classify(status, _as_bytes(body)) == upstream_status.REPLICA):
+        ctx.liveness.heard(slot.instance_id)
+
+
+async def _first_item(ctx: "_Context", slot: Optional[RequestSlot], watch: silence.SilenceWatch,
+                      stream) -> Tuple[Any, Optional[silence.ReplicaSilent]]:
     try:
-        return await watch.wait(anext(stream, None)), None
+        item = await watch.wait(anext(stream, None))
     except silence.ReplicaSilent as silent:  # the stream was cancelled: its connection is closed
         return None, silent
+    if item is not None:
+        _heard(ctx, slot, item[2], item[0] if item[2] >= 400 else None)
+    return item, None
 
 
 def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
@@ -344,7 +363,7 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
         watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
         stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
         try:
-            item, silent = await _first_item(watch, stream)
+            item, silent = await _first_item(ctx, slot, watch, stream)
             if silent is not None:
                 message = _given_up(ctx, slot, silent)
                 again = _may_retry(ctx, slot, data)
@@ -361,7 +380,7 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
                     worker, headers = attempt
                     watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
                     stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
-                    item, silent = await _first_item(watch, stream)
+                    item, silent = await _first_item(ctx, slot, watch, stream)
                     if silent is not None:
                         message = _given_up(ctx, slot, silent)
             if silent is not None:  # nothing reached the client yet: a 504 that says why
@@ -385,6 +404,8 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
                 yield chunk, resp_headers, resp_status
                 try:
                     item = await watch.wait(anext(stream, None))
+                    if slot is not None and slot.instance_id is not None:
+                        ctx.liveness.heard(slot.instance_id)
                 except silence.ReplicaSilent as silent:  # mid-stream: end it with an error event now
                     message = _given_up(ctx, slot, silent)
                     slot.broken = True
@@ -471,9 +492,12 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
             """One try, given up if its replica goes silent (silence.py)."""
             watch = _silence_watch(ctx, slot, try_worker, proxy_client, no_proxy_client)
             try:
-                return await watch.wait(original(try_worker, headers=try_headers, raise_on_error=on_error, **call))
+                resp, body = await watch.wait(original(try_worker, headers=try_headers, raise_on_error=on_error,
+                                                       **call))
             finally:
                 watch.close()
+            _heard(ctx, slot, resp.status, body)
+            return resp, body
 
         def timed_out(silent: silence.ReplicaSilent) -> asyncio.TimeoutError:
             # GPUStack answers a TimeoutError with its 504 "Request to worker N timed out: <why>".

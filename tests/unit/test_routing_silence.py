@@ -33,15 +33,17 @@ def _watch(silence_s, verdicts, checks):
 
 def test_a_slow_replica_that_answers_its_check_keeps_the_try():
     async def go():
-        checks = []
+        checks, kept = [], []
         watch = _watch(0.1, [(True, "")], checks)
+        watch.on_kept = kept.append
         try:
-            return await watch.wait(asyncio.sleep(0.45, result="the answer")), checks
+            return await watch.wait(asyncio.sleep(0.45, result="the answer")), checks, kept
         finally:
             watch.close()
 
-    result, checks = asyncio.run(go())
+    result, checks, kept = asyncio.run(go())
     assert result == "the answer" and len(checks) >= 2  # checked, kept, checked again, kept
+    assert len(kept) == 1 and kept[0] >= 0.45
 
 
 def test_a_silent_replica_that_fails_its_check_is_given_up_and_its_wait_cancelled():
@@ -169,3 +171,26 @@ def test_a_cancellation_that_is_not_the_give_up_stays_a_cancellation():
         return outcomes
 
     assert asyncio.run(go()) == ["cancelled", "cancelled"]
+
+
+def test_a_replica_heard_from_lately_is_alive_without_a_health_check():
+    """Activity first: a replica that answered any request within the window is alive (an
+    overloaded one may be too slow for a health check); quiet longer than that, it is checked."""
+    calls = []
+
+    async def probe():
+        calls.append("probe")
+        return False, "no answer within 3 s"
+
+    async def go():
+        clock = [100.0]
+        liveness = Liveness(clock=lambda: clock[0])
+        liveness.heard(7)
+        clock[0] = 102.0
+        busy = await liveness.check(7, probe, heard_within_s=3)
+        clock[0] = 104.0
+        quiet = await liveness.check(7, probe, heard_within_s=3)
+        return busy, quiet
+
+    busy, quiet = asyncio.run(go())
+    assert busy == (True, "") and quiet == (False, "no answer within 3 s") and calls == ["probe"]
