@@ -15,7 +15,6 @@ model-YAML change that applies it. Every argument is checked before anything sta
 """
 
 import argparse
-import asyncio
 import os
 import shlex
 import shutil
@@ -26,6 +25,7 @@ from typing import Any, Dict, List, Optional
 from gpustack_dspark.bench import sweep, workloads
 from gpustack_dspark.cli.errors import BadInput
 from gpustack_dspark.cli.client import CLIError
+from gpustack_dspark.cli.sweep_interrupts import CtrlC
 
 LIMITS = {"requests": (1, 100_000), "max_tokens": (1, 32768), "timeout": (1, 3600), "ready_timeout": (10, 7200),
           "warmup": (0, 1000)}
@@ -139,6 +139,19 @@ def _serve_binary():
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C is ours from here to the return (cli/sweep_interrupts.py): at any moment it ends
+    # with "interrupted", what the sweep changed put back, and 130.
+    ctrl_c = CtrlC()
+    with ctrl_c.installed():
+        try:
+            return _run(args, ctrl_c)
+        except KeyboardInterrupt:  # before the measuring started or after it ended
+            with ctrl_c.quiet():
+                print("gpustack-dspark sweep: interrupted", file=sys.stderr, flush=True)
+            return 130
+
+
+def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
     checked = check_args(args)
     from gpustack_dspark.bench.load import json_check
     from gpustack_dspark.bench.report import figures as figures_of
@@ -169,13 +182,14 @@ def run(args: argparse.Namespace) -> int:
                              warmup=args.warmup, timeout_s=args.timeout, body=body, check=check,
                              progress=progress)
             try:
-                target_run = asyncio.run(run_target(base_url, served, bench, None,
-                                                    label=f"{setting.label} @ {level}"))
+                target_run = ctrl_c.run(run_target, base_url, served, bench, None,
+                                        label=f"{setting.label} @ {level}")
             except BenchError as e:
                 raise CLIError(f"{setting.label} at concurrency {level}: {e}") from None
             goodput = sweep.goodput(target_run.stats, check)
             rows.append(sweep.row_of(setting, level, figures_of(target_run), goodput))
-            _write(out, rows, args, checked)  # what is measured so far survives an interruption
+            with ctrl_c.deferred():  # what is measured so far survives an interruption, whole
+                _write(out, rows, args, checked)
             print(f"    concurrency {level}: goodput {goodput:.1f} tok/s", file=sys.stderr, flush=True)
 
     try:
@@ -189,9 +203,12 @@ def run(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for index, setting in enumerate(settings, start=1):
                 print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
-                replica = _start(checked["serve"], Path(args.model_path), args.device, out / f"replica-{index}.log",
-                                 setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
+                replica = None
                 try:
+                    with ctrl_c.deferred():  # started and known, or not started: never an orphan
+                        replica = _start(checked["serve"], Path(args.model_path), args.device,
+                                         out / f"replica-{index}.log",
+                                         setting.serve_args() + checked["extra"] + ["--dspark-warmup-requests", "2"])
                     try:
                         replica.wait_ready(args.ready_timeout)
                     except (RuntimeError, TimeoutError) as e:
@@ -199,10 +216,13 @@ def run(args: argparse.Namespace) -> int:
                                        f"(log: {out / f'replica-{index}.log'})") from None
                     measure(setting, replica.base_url, None)
                 finally:
-                    replica.stop()
+                    if replica is not None:
+                        with ctrl_c.deferred():  # a second Ctrl-C does not leave it running
+                            replica.stop()
     except KeyboardInterrupt:
-        print("gpustack-dspark sweep: interrupted" + (f"; measured so far: {out / 'sweep.csv'}" if rows else ""),
-              file=sys.stderr)
+        with ctrl_c.quiet():
+            print("gpustack-dspark sweep: interrupted" + (f"; measured so far: {out / 'sweep.csv'}" if rows else ""),
+                  file=sys.stderr, flush=True)
         return 130
     print(sweep.as_text(rows))
     print(f"\nwritten: {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.png'}")

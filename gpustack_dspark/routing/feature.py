@@ -114,6 +114,8 @@ class RoutingFeature:
             "unmatched_releases": self.tracker.unmatched_releases,
             "decisions": dict(self.stats.decisions),
             "retries": dict(self.stats.retries),
+            "silence": {"timeout_s": self.policy.proxy.silence_timeout_s if self.policy else None,
+                        **self.stats.silence},
             "replica_statuses": dict(self.stats.statuses),
             "worker_row_copies": ({"copied": self.stats.worker_snapshots.copied,
                                    "failed": self.stats.worker_snapshots.failed}

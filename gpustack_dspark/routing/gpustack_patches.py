@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpustack_dspark import backend
-from gpustack_dspark.routing import retry, stream_end, targets, upstream_status
+from gpustack_dspark.routing import retry, silence, stream_end, targets, upstream_status
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.speed import LEAST_CONNECTIONS, ROUND_ROBIN
@@ -61,10 +61,18 @@ class RoutingStats:
     """Counters the status API and the Prometheus collector read."""
 
     decisions: Dict[str, int] = field(default_factory=lambda: {d: 0 for d in targets.DECISIONS})
-    retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0})
+    retries: Dict[str, int] = field(default_factory=lambda: {"retried": 0, "no_other_instance": 0, "broken_streams": 0,
+                                                              "silent_given_up": 0})
     # Replica error answers passed through with their own status (see upstream_status.py).
     statuses: Dict[str, int] = field(default_factory=lambda: {"replica_4xx": 0, "replica_5xx": 0, "withheld": 0})
     worker_snapshots: Any = None  # the hooks' WorkerSnapshots, once applied
+    # Tries whose replica went silent (silence.py): health checks made, answered alive, tries
+    # given up, and the longest a given-up try waited from its start to the give-up.
+    # Also the longest wait that was checked, kept and then answered: how close working
+    # replicas come to being given up.
+    silence: Dict[str, float] = field(default_factory=lambda: {"checked": 0, "alive": 0, "given_up": 0,
+                                                               "longest_given_up_wait_s": 0.0,
+                                                               "longest_kept_wait_s": 0.0})
 
     def decided(self, decision: str) -> None:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
@@ -182,6 +190,8 @@ class _Context:
     stats: RoutingStats
     gs: Dict[str, Any]  # GPUStack symbols imported once by apply_routing_hooks
     workers: WorkerSnapshots = field(default_factory=WorkerSnapshots)
+    liveness: silence.Liveness = field(default_factory=silence.Liveness)
+    probe_request: Optional[Callable] = None  # GPUStack's own request_to_worker: the health checks
 
     @property
     def mode(self) -> str:
@@ -264,6 +274,81 @@ def _as_bytes(chunk) -> bytes:
     return chunk if isinstance(chunk, (bytes, bytearray)) else str(chunk).encode()
 
 
+def _silence_watch(ctx: "_Context", slot: Optional[RequestSlot], worker, proxy_client,
+                   no_proxy_client) -> silence.SilenceWatch:
+    """The watch on one try (`silence.py`): the slot's current instance, checked through `worker`."""
+    seconds = ctx.policy.proxy.silence_timeout_s
+    instance = None
+    if slot is not None and slot.instance_id is not None:
+        instance = next((i for i in slot.candidates if i.id == slot.instance_id), None)
+    if instance is None or ctx.probe_request is None:
+        seconds = 0  # outside a slot, or nothing to check: GPUStack's own bounds only
+
+    async def alive() -> silence.Verdict:
+        return await ctx.liveness.check(instance.id, lambda: _health_check(ctx, worker, instance, proxy_client,
+                                                                            no_proxy_client, seconds),
+                                        heard_within_s=seconds)
+
+    def on_check(answered: bool) -> None:
+        ctx.stats.silence["checked"] += 1
+        ctx.stats.silence["alive"] += 1 if answered else 0
+
+    def on_kept(waited_s: float) -> None:
+        stats = ctx.stats.silence
+        stats["longest_kept_wait_s"] = round(max(stats["longest_kept_wait_s"], waited_s), 3)
+
+    return silence.SilenceWatch(seconds, alive, on_check, on_kept=on_kept)
+
+
+async def _health_check(ctx: "_Context", worker, instance, proxy_client, no_proxy_client,
+                        silence_s: float) -> silence.Verdict:
+    """`GET /health` of the instance's replica, through its worker (as the request went)."""
+    import aiohttp
+
+    bound = silence.probe_timeout(silence_s)
+    headers = {ctx.gs["router_header_key"]: f"{ctx.gs['model_instance_prefix'](instance)}.static"}
+    try:
+        resp, body = await ctx.probe_request(worker, "GET", silence.HEALTH_PATH, proxy_client=proxy_client,
+                                             no_proxy_client=no_proxy_client, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=bound), raise_on_error=False)
+    except asyncio.TimeoutError:
+        return False, f"no answer within {bound:.0f} s"
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"[:200]
+    return silence.health_verdict(resp.status, body)
+
+
+def _given_up(ctx: "_Context", slot: RequestSlot, silent: silence.ReplicaSilent) -> str:
+    """Count a try given up for silence; its instance ramps in again. Returns the one-line why."""
+    stats = ctx.stats.silence
+    stats["given_up"] += 1
+    ctx.stats.retries["silent_given_up"] = ctx.stats.retries.get("silent_given_up", 0) + 1
+    stats["longest_given_up_wait_s"] = round(max(stats["longest_given_up_wait_s"], silent.waited_s), 3)
+    if slot.instance_id is not None:
+        ctx.tracker.failed(slot.instance_id)
+    message = silence.given_up_message(slot.instance_id, silent)
+    logger.warning("%s", message)
+    return message
+
+
+def _heard(ctx: "_Context", slot: Optional[RequestSlot], status: int, body: Any = None) -> None:
+    """The slot's instance answered (not its worker for it): its replica is alive (silence.py)."""
+    if slot is not None and slot.instance_id is not None and (
+            status < 400 or upstream_status.classify(status, _as_bytes(body)) == upstream_status.REPLICA):
+        ctx.liveness.heard(slot.instance_id)
+
+
+async def _first_item(ctx: "_Context", slot: Optional[RequestSlot], watch: silence.SilenceWatch,
+                      stream) -> Tuple[Any, Optional[silence.ReplicaSilent]]:
+    try:
+        item = await watch.wait(anext(stream, None))
+    except silence.ReplicaSilent as silent:  # the stream was cancelled: its connection is closed
+        return None, silent
+    if item is not None:
+        _heard(ctx, slot, item[2], item[0] if item[2] >= 400 else None)
+    return item, None
+
+
 def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
     """A stream whose replica received nothing (the worker's own 503/404 before any byte)
     is sent once to another instance, as a non-streamed request is; a stream that stops
@@ -275,41 +360,68 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
         slot = current_slot()
         if slot is not None:
             worker = await ctx.workers.get(worker)
+        watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
         stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
-        item = await anext(stream, None)
-        if (item is not None and item[2] >= 400 and _may_retry(ctx, slot, data)
-                and retry.retryable_answer(item[2], _as_bytes(item[0]))):
-            attempt = await _next_attempt(ctx, slot, worker, headers)
-            if attempt is not None:
-                await stream.aclose()
-                worker, headers = attempt
-                stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
-                item = await anext(stream, None)
-        state = stream_end.StreamWatch()
-        status = 200
-        first = True
-        while item is not None:
-            chunk, resp_headers, resp_status = item
-            status = resp_status
-            if first and resp_status >= 400 and ctx.policy.proxy.pass_replica_status:
-                body = _as_bytes(chunk)
-                if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
-                    # The replica refused before streaming: its status and JSON error body, with
-                    # only its content type (the worker's framing headers do not apply here).
-                    ctx.stats.count_status(upstream_status.count_key(resp_status, body))
-                    resp_headers = {"content-type": "application/json"}
-            first = False
-            state.see(chunk)
-            yield chunk, resp_headers, resp_status
-            item = await anext(stream, None)
-        if slot is not None:
-            slot.output_tokens = state.output_tokens()
-        if status < 400 and state.truncated():
+        try:
+            item, silent = await _first_item(ctx, slot, watch, stream)
+            if silent is not None:
+                message = _given_up(ctx, slot, silent)
+                again = _may_retry(ctx, slot, data)
+            else:
+                again = (item is not None and item[2] >= 400 and _may_retry(ctx, slot, data)
+                         and retry.retryable_answer(item[2], _as_bytes(item[0])))
+            if again:
+                attempt = await _next_attempt(ctx, slot, worker, headers)
+                if attempt is None and silent is not None:
+                    message += "; no other instance to retry on"
+                if attempt is not None:
+                    await stream.aclose()
+                    watch.close()
+                    worker, headers = attempt
+                    watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
+                    stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
+                    item, silent = await _first_item(ctx, slot, watch, stream)
+                    if silent is not None:
+                        message = _given_up(ctx, slot, silent)
+            if silent is not None:  # nothing reached the client yet: a 504 that says why
+                yield silence.error_body(message), {"content-type": "application/json"}, 504
+                return
+            state = stream_end.StreamWatch()
+            status = 200
+            first = True
+            while item is not None:
+                chunk, resp_headers, resp_status = item
+                status = resp_status
+                if first and resp_status >= 400 and ctx.policy.proxy.pass_replica_status:
+                    body = _as_bytes(chunk)
+                    if upstream_status.classify(resp_status, body) == upstream_status.REPLICA:
+                        # The replica refused before streaming: its status and JSON error body, with
+                        # only its content type (the worker's framing headers do not apply here).
+                        ctx.stats.count_status(upstream_status.count_key(resp_status, body))
+                        resp_headers = {"content-type": "application/json"}
+                first = False
+                state.see(chunk)
+                yield chunk, resp_headers, resp_status
+                try:
+                    item = await watch.wait(anext(stream, None))
+                    if slot is not None and slot.instance_id is not None:
+                        ctx.liveness.heard(slot.instance_id)
+                except silence.ReplicaSilent as silent:  # mid-stream: end it with an error event now
+                    message = _given_up(ctx, slot, silent)
+                    slot.broken = True
+                    ctx.stats.retries["broken_streams"] = ctx.stats.retries.get("broken_streams", 0) + 1
+                    yield silence.error_event(message), {}, status
+                    return
             if slot is not None:
-                slot.broken = True
-            ctx.stats.retries["broken_streams"] = ctx.stats.retries.get("broken_streams", 0) + 1
-            logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
-            yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
+                slot.output_tokens = state.output_tokens()
+            if status < 400 and state.truncated():
+                if slot is not None:
+                    slot.broken = True
+                ctx.stats.retries["broken_streams"] = ctx.stats.retries.get("broken_streams", 0) + 1
+                logger.warning("stream from worker %s ended before [DONE]; sent an error event", worker.id)
+                yield stream_end.TRUNCATED_ERROR_EVENT, {}, status
+        finally:
+            watch.close()
 
     return _stream_response
 
@@ -375,12 +487,35 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
         if slot is None:
             return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
         worker = await ctx.workers.get(worker)
+
+        async def tried(try_worker, try_headers, on_error: bool):
+            """One try, given up if its replica goes silent (silence.py)."""
+            watch = _silence_watch(ctx, slot, try_worker, proxy_client, no_proxy_client)
+            try:
+                resp, body = await watch.wait(original(try_worker, headers=try_headers, raise_on_error=on_error,
+                                                       **call))
+            finally:
+                watch.close()
+            _heard(ctx, slot, resp.status, body)
+            return resp, body
+
+        def timed_out(silent: silence.ReplicaSilent) -> asyncio.TimeoutError:
+            # GPUStack answers a TimeoutError with its 504 "Request to worker N timed out: <why>".
+            return asyncio.TimeoutError(_given_up(ctx, slot, silent))
+
         if slot.stream or not isinstance(data, (bytes, type(None))):
-            return await original(worker, headers=headers, raise_on_error=raise_on_error, **call)
+            try:
+                return await tried(worker, headers, raise_on_error)
+            except silence.ReplicaSilent as silent:
+                raise timed_out(silent) from None
         may_retry = _may_retry(ctx, slot, data)
         first_failure: Any = None
         try:
-            resp, body = await original(worker, headers=headers, raise_on_error=False, **call)
+            resp, body = await tried(worker, headers, False)
+        except silence.ReplicaSilent as silent:
+            if not may_retry:
+                raise timed_out(silent) from None
+            first_failure = _given_up(ctx, slot, silent)
         except Exception as e:
             if not (may_retry and retry.retryable_exception(e)):
                 raise
@@ -390,11 +525,16 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
                 return answer(slot, worker, method, path, resp, body, raise_on_error)
         attempt = await _next_attempt(ctx, slot, worker, headers)
         if attempt is None:
+            if isinstance(first_failure, str):  # the silent try's why
+                raise asyncio.TimeoutError(f"{first_failure}; no other instance to retry on")
             if first_failure is not None:
                 raise first_failure
             return answer(slot, worker, method, path, resp, body, raise_on_error)
         next_worker, retry_headers = attempt
-        resp, body = await original(next_worker, headers=retry_headers, raise_on_error=False, **call)
+        try:
+            resp, body = await tried(next_worker, retry_headers, False)
+        except silence.ReplicaSilent as silent:
+            raise timed_out(silent) from None
         return answer(slot, next_worker, method, path, resp, body, raise_on_error)
 
     return request_to_worker
@@ -449,7 +589,7 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
     if problem:
         return RoutingHooks(False, problem)
 
-    ctx = _Context(policy, tracker, stats, gs)
+    ctx = _Context(policy, tracker, stats, gs, probe_request=openai.request_to_worker)
     stats.worker_snapshots = ctx.workers
     tracker.configure(policy.proxy.slow_start.config())
     originals = {"parse_request_body": openai.parse_request_body, "request_to_worker": openai.request_to_worker,
@@ -470,7 +610,8 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
     # with retry_once and pass_replica_status off it only does that.
     openai.request_to_worker = request_to_worker_hook(originals["request_to_worker"], ctx)
     applied += [name for name, on in (("retry_once", policy.proxy.retry_once),
-                                      ("replica_status", policy.proxy.pass_replica_status)) if on]
+                                      ("replica_status", policy.proxy.pass_replica_status),
+                                      ("silence_timeout", policy.proxy.silence_timeout_s > 0)) if on]
     setattr(openai, _MARK, tuple(applied))
     setattr(openai, "_dspark_routing_originals", originals)
     logger.info("DSpark routing hooks applied to GPUStack's proxy: %s", ", ".join(applied))

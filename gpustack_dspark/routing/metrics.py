@@ -12,7 +12,8 @@ default registry, so registering here is all it takes. Names:
 - `dspark_routing_decisions_total{decision}` counter: JSON-aware target choices;
   decision is json / general / json_only / refused / unchanged.
 - `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
-  instance), no_other_instance (nothing to retry on) or broken_streams.
+  instance), no_other_instance (nothing to retry on), broken_streams or silent_given_up (a
+  try whose replica sent nothing for `proxy.silence_timeout_s` and failed its health check).
 - `dspark_json_responses_checked_total{model_name, model_instance_id, result}` counter: JSON replies
   checked in the proxy (format_check.py); result ok / not_json / schema_mismatch /
   truncated / unchecked.

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpustack_dspark.policy_file import PolicyError, read_policy_yaml, validate
 from gpustack_dspark.routing import speed
 
+MAX_SILENCE_TIMEOUT_S = 3600
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[2] / "policies" / "routing.yaml"
 
 
@@ -46,6 +47,9 @@ class ProxyPolicy(BaseModel):
     retry_once: bool = True
     pass_replica_status: bool = True
     gc_freeze: bool = False
+    # A try whose replica sent nothing for this long is checked, and given up if the replica
+    # fails its health check (routing/silence.py); 0: off (GPUStack's own bounds only).
+    silence_timeout_s: float = 15.0
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +93,10 @@ def parse_policy(data: Any, source: str = "routing policy") -> RoutingPolicy:
     policy = validate(RoutingPolicy, data, source, "routing")
     if policy.version != 1:
         raise PolicyError(f"{source}: key 'version': not supported (got {policy.version!r}; allowed: 1)")
+    silence = policy.proxy.silence_timeout_s
+    if not (silence == 0 or 1 <= silence <= MAX_SILENCE_TIMEOUT_S):
+        raise PolicyError(f"{source}: key 'proxy.silence_timeout_s': not allowed (got {silence:g}; allowed: 0 (off) "
+                          f"or seconds 1-{MAX_SILENCE_TIMEOUT_S})")
     if policy.gateway.sync_interval_s <= 0:
         raise PolicyError(f"{source}: key 'gateway.sync_interval_s': must be > 0 "
                           f"(got {policy.gateway.sync_interval_s!r}; allowed: seconds > 0)")

@@ -153,7 +153,7 @@ def test_status_reports_routing_on(stack):
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["features"]["routing"]["detail"]["hooks"] == [
         "expected_finish_time", "slow_start", "json_intent", "json_aware_targets", "stream_end_event",
-        "retry_once", "replica_status"]
+        "retry_once", "replica_status", "silence_timeout"]
     assert status["routing"]["balance"] == "expected_finish_time"
     assert status["routing"]["policy"]["json_only_without_json_intent"] == "serve_as_json"
 

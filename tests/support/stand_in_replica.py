@@ -9,6 +9,11 @@ instances at them, so requests really flow server -> worker -> replica.
 split over the chunks) — e.g. `BROKEN_JSON`, so a test can check that the proxy's format
 check counts a JSON replica that answers invalid JSON.
 
+Two ways to die: `stop()` as a killed process (every connection reset, the port closed), and
+`freeze()` as a frozen process or a host gone from the network (the port still accepts, nothing
+is answered, no connection is ever closed: requests in flight and new ones, `/health`
+included, wait for good), until `stop()`.
+
 Latency model: `base_s * slowdown`, stretched by `max(1, in_flight / capacity)` when a
 capacity is set — a replica's time grows with its own load, as a batching engine's does.
 A request's `metadata.work` (default 1) scales its time, its `usage.completion_tokens`
@@ -19,6 +24,7 @@ chunk, as vLLM's does.
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -87,6 +93,7 @@ class StandInReplica:
         self.stall_s: float = 0.0  # extra delay before answering
         self.reply_content: Optional[str] = None  # what replies say (default: '{"ok": true}' / "0 1 2 ")
         self.api_key: Optional[str] = None  # when set, /v1/* without this Bearer key get 401
+        self.frozen = False  # see freeze()
         # Cold after turning warm: the capacity grows from 1 to `capacity` over `cold_s`
         # seconds from `warm_at` (caches and pools filling), see `turned_warm()`.
         self.cold_s: float = 0.0
@@ -118,7 +125,18 @@ class StandInReplica:
             return JSONResponse({"error": {"message": "invalid API key", "code": 401}}, status_code=401)
         return None
 
+    def freeze(self) -> None:
+        """From now on answer nothing and close nothing, like a frozen process (SIGSTOP) or a host
+        gone from the network: connections stay open, no byte more is sent, until `stop()`."""
+        self.frozen = True
+
+    async def _still(self) -> None:
+        """A frozen replica: waits until `stop()` cancels it (nothing sent, nothing closed)."""
+        if self.frozen:
+            await asyncio.Event().wait()
+
     async def _chat(self, request: Request):
+        await self._still()
         denied = self._denied(request)
         if denied is not None:
             return denied
@@ -133,6 +151,7 @@ class StandInReplica:
         try:
             if not body.get("stream"):
                 await asyncio.sleep(self._delay(body))
+                await self._still()
                 self.stats.served += 1
                 return JSONResponse(self._completion(model, self._work(body)))
             counted = False  # the stream generator owns the count from here
@@ -150,6 +169,7 @@ class StandInReplica:
                 if self.break_stream_after is not None and index >= self.break_stream_after:
                     raise ConnectionAbortedError(f"stand-in replica {self.name} broke the stream")
                 await asyncio.sleep(per_chunk)
+                await self._still()
                 last = index == chunks - 1
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
                          "choices": [{"index": 0, "delta": {"content": pieces[index] if pieces else f"{index} "},
@@ -161,6 +181,7 @@ class StandInReplica:
                 yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "model": model, "choices": [],
                                              "usage": {"prompt_tokens": 1, "completion_tokens": tokens,
                                                        "total_tokens": 1 + tokens}}) + "\n\n"
+            await self._still()
             self.stats.served += 1
             yield "data: [DONE]\n\n"
         finally:
@@ -176,9 +197,11 @@ class StandInReplica:
 
     def _app(self) -> Starlette:
         async def health(_request):
+            await self._still()
             return JSONResponse({"ok": True})
 
         async def models(request):
+            await self._still()
             denied = self._denied(request)
             if denied is not None:
                 return denied
@@ -194,9 +217,27 @@ class StandInReplica:
         try:
             self._loop.run_until_complete(self._server.serve())
         finally:
+            self._drop_the_rest()
             self._loop.close()
 
+    def _drop_the_rest(self) -> None:
+        """After the server stopped: reset every connection still open and end every request
+        task, as a killed process's kernel would. Without this, a connection accepted while the
+        server was stopping stays open with nobody answering, until the garbage collector frees
+        it — found by the soak: a request on such a connection waited for the client's timeout."""
+        for connection in list(self._server.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+        pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        # Runs the loop until the tasks are cancelled and the aborted sockets closed.
+        self._loop.run_until_complete(asyncio.gather(*pending, asyncio.sleep(0), return_exceptions=True))
+
     def start(self) -> "StandInReplica":
+        if _QUIET not in logging.getLogger("uvicorn.error").filters:
+            logging.getLogger("uvicorn.error").addFilter(_QUIET)
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
@@ -211,7 +252,8 @@ class StandInReplica:
 
     def stop(self) -> None:
         """Like a killed process: open connections are dropped without an answer (requests
-        in flight get a reset, not a reply), the port closes, new connections are refused."""
+        in flight get a reset, not a reply), the port closes, new connections are refused;
+        so is a frozen replica's."""
         if self._server is not None:
             server = self._server
             loop = getattr(self, "_loop", None)
@@ -230,6 +272,18 @@ class StandInReplica:
             server.force_exit = True
             self._thread.join(timeout=10)
             self._server = None
+
+
+class _QuietCancellations(logging.Filter):
+    """uvicorn logs a request task cancelled at `stop()` as "Exception in ASGI application" with
+    a traceback: a stopped stand-in's requests end that way by design, so that is not logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+_QUIET = _QuietCancellations()
 
 
 def _split(text: str, parts: int) -> List[str]:
