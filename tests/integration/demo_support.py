@@ -44,7 +44,8 @@ class PipedDemo:
                                      stderr=subprocess.STDOUT, process_group=0)
         self.pgid = self.make.pid
         self.reader = subprocess.Popen([sys.executable, "-u", "-c", STAMPER, str(self.out_path)],
-                                       stdin=self.make.stdout, process_group=self.pgid)
+                                       stdin=self.make.stdout, stderr=subprocess.DEVNULL,
+                                       process_group=self.pgid)
         self.make.stdout.close()  # only the reader holds the pipe's read end
         self.state_dir: Optional[Path] = None
         self.demo_pid: Optional[int] = None
