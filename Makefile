@@ -12,7 +12,8 @@ WORKER_VENV := .venv-worker
 WORKER_LOCK := backend_images/cpu/requirements.lock
 WORKER_STAMP := $(WORKER_VENV)/.installed-stamp
 # Progress lines of the long steps count from the start of this make command.
-export DSPARK_T0 ?= $(shell date +%s)
+DSPARK_T0 := $(or $(DSPARK_T0),$(shell date +%s))
+export DSPARK_T0
 PROGRESS := bash scripts/progress.sh
 SETUP_LOGS := $(or $(TMPDIR),/tmp)/gpustack-dspark-setup
 
