@@ -1,19 +1,34 @@
-# The two commands of the README: `make demo` and `make test`. Both set up everything first.
+# The two commands of the README: `make demo` and `make test`. Both set up what they need
+# first: `make demo` only what the demo runs on (no browser, no test tools), `make test`
+# everything.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
+# .venv in two steps: the server side (the demo), then the test tools on top (make test).
+SERVER_STAMP := $(VENV)/.installed-server-stamp
 STAMP := $(VENV)/.installed-stamp
-# The DSpark worker side (vLLM on CPU) lives in its own venv, as it lives in its own image.
+# The DSpark worker side (vLLM on CPU) lives in its own venv, as it lives in its own image;
+# the CPU image is made from this venv's packages (backend_images/build-local.sh).
 WORKER_VENV := .venv-worker
 WORKER_LOCK := backend_images/cpu/requirements.lock
 WORKER_STAMP := $(WORKER_VENV)/.installed-stamp
+# Progress lines of the long steps count from the start of this make command.
+DSPARK_T0 := $(or $(DSPARK_T0),$(shell date +%s))
+export DSPARK_T0
+PROGRESS := bash scripts/progress.sh
+SETUP_LOGS := $(or $(TMPDIR),/tmp)/gpustack-dspark-setup
 
-.PHONY: setup system venv worker-venv tools test unit demo clean
+.PHONY: setup demo-setup system system-demo venv venv-server worker-venv tools test unit demo clean
 
+# Everything `make test` needs.
 setup: system venv worker-venv tools
+# What `make demo` needs: no Chromium, promtool, helm or test-only Python packages.
+demo-setup: system-demo venv-server worker-venv
 
-# System packages the devstack needs (PostgreSQL server binaries); installed only if missing.
+# System packages (PostgreSQL server binaries, Podman, ...); installed only if missing.
 system:
-	@bash scripts/install-system-packages.sh
+	@bash scripts/install-system-packages.sh test
+system-demo:
+	@bash scripts/install-system-packages.sh demo
 
 # Tools the tests run that no package manager of this machine has: helm (pinned, checked).
 HELM := .tools/helm-3.18.0/helm
@@ -22,24 +37,31 @@ tools: $(HELM)
 $(HELM): scripts/install-helm.sh
 	@bash scripts/install-helm.sh
 
+venv-server: $(SERVER_STAMP)
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	$(VENV)/bin/python -m pip install --quiet -e '.[server,dev]'
-	touch $(STAMP)
+$(SERVER_STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV)
+	@$(PROGRESS) "project venv $(VENV) (GPUStack + the plugin)" $(SETUP_LOGS)/venv.log -- sh -c \
+	  '$(VENV)/bin/python -m pip install --upgrade "pip>=24" && $(VENV)/bin/python -m pip install -e ".[server]"'
+	@touch $(SERVER_STAMP)
+
+$(STAMP): $(SERVER_STAMP)
+	@$(PROGRESS) "test tools in $(VENV) (pytest, Playwright, ...)" $(SETUP_LOGS)/venv-dev.log -- \
+	  $(VENV)/bin/python -m pip install -e '.[server,dev]'
+	@touch $(STAMP)
 
 # Same lock as the CPU image, --no-deps: keeps out the CUDA builds of torchvision/torchaudio/
 # torchcodec/triton that PyPI would pull beside the CPU torch (they break vLLM's imports).
 worker-venv: $(WORKER_STAMP)
 
 $(WORKER_STAMP): pyproject.toml $(WORKER_LOCK)
-	$(PYTHON) -m venv $(WORKER_VENV)
-	$(WORKER_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	$(WORKER_VENV)/bin/python -m pip install --quiet --no-deps -r $(WORKER_LOCK)
-	$(WORKER_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	touch $(WORKER_STAMP)
+	@$(PYTHON) -m venv $(WORKER_VENV)
+	@$(PROGRESS) "worker venv $(WORKER_VENV) (vLLM for CPU, the CPU image's lock)" $(SETUP_LOGS)/worker-venv.log -- sh -c \
+	  '$(WORKER_VENV)/bin/python -m pip install --upgrade "pip>=24" \
+	   && $(WORKER_VENV)/bin/python -m pip install --no-deps -r $(WORKER_LOCK) \
+	   && $(WORKER_VENV)/bin/python -m pip install --no-deps -e .'
+	@touch $(WORKER_STAMP)
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
@@ -47,7 +69,7 @@ test: setup
 unit: venv tools
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
-demo: setup
+demo: demo-setup
 	$(VENV)/bin/python -m gpustack_dspark.devstack demo $(DEMO_ARGS)
 
 clean:

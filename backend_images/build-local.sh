@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
-# Build the CPU DSpark worker image with Podman and no registry.
+# Build the CPU DSpark worker image with Podman, no registry and no download.
 #
 #   backend_images/build-local.sh            -> prints the image name (stdout) when done
 #
 # - The Debian base is made once per machine with debootstrap and imported into Podman
-#   (nothing is pulled); from it, a tiny pause image for GPUStack's Podman deployer.
-# - The image is tagged with a hash of everything that goes into it (Containerfile, lock,
+#   (nothing is pulled); from it, a tiny pause image for GPUStack's Podman deployer and the
+#   runtime base (cpu/Containerfile.base: python3.11 from Debian), each once per machine.
+# - The locked Python packages are not fetched or installed again: `make setup` installed
+#   the same lock (cpu/requirements.lock) into the worker venv (DSPARK_WORKER_VENV, default
+#   .venv-worker); cpu/venv_for_image.py checks that it is exactly the lock and runs on
+#   bookworm, and the build copies its site-packages through a read-only build volume.
+#   Reinstalling ~150 wheels inside the build took minutes of CPU (docs/containers.md).
+# - This package goes in as a wheel built here with the project venv's setuptools
+#   (no build isolation: nothing fetched).
+# - The image is tagged with a hash of everything that goes into it (Containerfiles, lock,
 #   package sources); when that tag exists the build is skipped, so CI builds once per machine.
-# - pip inside the build reads this host's wheel folders, local indexes and CA bundle through
-#   build volumes when the host has them (torch 2.13.0+cpu is only in the local folder here);
-#   the host's pip config does not apply inside a build, so it is passed as options.
+# Progress: "[build-local] ..." lines and Podman's "STEP n/m" lines on stderr (the devstack
+# stamps them with the elapsed time and keeps the whole output in its build log).
 # Podman settings (private store, sandbox fixes) come from CONTAINERS_CONF /
 # CONTAINERS_STORAGE_CONF; `python -m gpustack_dspark.devstack image` sets them and calls this.
 # Env: DSPARK_IMAGE (extra tag, e.g. the plugin's default gpustack-dspark-worker:0.1.0-cpu),
 # DSPARK_BASE_IMAGE, DSPARK_PAUSE_IMAGE, DSPARK_PODMAN_ULIMITS (e.g. "nofile=N:N nproc=N:N"),
-# PODMAN (default podman).
+# DSPARK_WORKER_VENV, PYTHON (builds the package wheel; default .venv/bin/python), PODMAN.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BASE="${DSPARK_BASE_IMAGE:-localhost/debian-minbase:bookworm}"
 PAUSE="${DSPARK_PAUSE_IMAGE:-localhost/gpustack-dspark-pause:1}"
 PODMAN="${PODMAN:-podman}"
+WORKER_VENV="${DSPARK_WORKER_VENV:-$ROOT/.venv-worker}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
 pm() { "$PODMAN" "$@"; }
 log() { echo "[build-local] $*" >&2; }
 
-hash_inputs() {
-  (cd "$ROOT" && find backend_images/cpu/Containerfile backend_images/cpu/requirements.lock \
-      pyproject.toml README.md gpustack_dspark -type f ! -name '*.pyc' ! -path '*/__pycache__/*' \
-      -print0 | sort -z | xargs -0 sha256sum; echo "$BASE") | sha256sum | cut -c1-16
-}
-HASHED="localhost/gpustack-dspark-worker:cpu-$(hash_inputs)"
+hash_files() { (cd "$ROOT" && find "$@" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 \
+                 | sort -z | xargs -0 sha256sum) }
+RUNTIME="localhost/gpustack-dspark-cpu-base:bookworm-$( (hash_files backend_images/cpu/Containerfile.base; echo "$BASE") \
+  | sha256sum | cut -c1-12)"
+HASHED="localhost/gpustack-dspark-worker:cpu-$( (hash_files backend_images/cpu pyproject.toml README.md gpustack_dspark \
+  ui-patches; echo "$RUNTIME") | sha256sum | cut -c1-16)"
 
 tag_extra() { if [ -n "${DSPARK_IMAGE:-}" ]; then pm tag "$HASHED" "$DSPARK_IMAGE" >&2; fi; }
+limits=()
+# RUN steps get Podman's own rlimits, not containers.conf's: a host that may not raise them
+# (no CAP_SYS_RESOURCE) passes its limits here (docs/containers.md).
+for limit in ${DSPARK_PODMAN_ULIMITS:-}; do limits+=(--ulimit "$limit"); done
 
 if ! pm image exists "$BASE"; then
   command -v debootstrap >/dev/null \
@@ -46,7 +60,7 @@ fi
 
 if ! pm image exists "$PAUSE"; then
   # Holds the pod's namespaces; exits at once on SIGTERM (a plain `sleep` as PID 1 would not).
-  log "making the pause image $PAUSE"
+  log "making the pause image $PAUSE (once per machine)"
   printf 'FROM %s\nCMD ["/bin/sh", "-c", "trap \\"exit 0\\" TERM INT; sleep infinity & wait"]\n' "$BASE" \
     | pm build --network none -t "$PAUSE" -f - "$ROOT/backend_images" >&2
 fi
@@ -57,31 +71,31 @@ if pm image exists "$HASHED"; then
   exit 0
 fi
 
-build_args=(--network host -f "$ROOT/backend_images/cpu/Containerfile" --build-arg "BASE_IMAGE=$BASE")
-# RUN steps get Podman's own rlimits, not containers.conf's: a host that may not raise them
-# (no CAP_SYS_RESOURCE) passes its limits here (docs/containers.md).
-for limit in ${DSPARK_PODMAN_ULIMITS:-}; do build_args+=(--ulimit "$limit"); done
-pip_extra=""
-PIP="${PIP:-python3 -m pip}"
-mounted=" "
-mount_dir() {  # a host folder pip reads, at the same path inside the build
-  [ -d "$1" ] && [[ "$mounted" != *" $1 "* ]] && build_args+=(-v "$1:$1:ro") && mounted+="$1 "
-}
-for folder in ${PIP_FIND_LINKS:-} $($PIP config get global.find-links 2>/dev/null || true); do
-  if mount_dir "$folder"; then pip_extra+=" --find-links $folder"; fi
-done
-for index in ${PIP_EXTRA_INDEX_URL:-} $($PIP config get global.extra-index-url 2>/dev/null || true); do
-  # a local index's pages link to files beside it (e.g. /opt/pypi/simple -> /opt/pypi/files)
-  if [[ "$index" == file://* ]] && mount_dir "$(dirname "${index#file://}")"; then
-    pip_extra+=" --extra-index-url $index"
-  fi
-done
-ca=/etc/ssl/certs/ca-certificates.crt
-if [ -f "$ca" ]; then
-  build_args+=(-v "$ca:/etc/ssl/certs/host-ca.crt:ro")
-  pip_extra+=" --cert /etc/ssl/certs/host-ca.crt"
+# Checked before the slow parts: a worker venv that is not the lock fails here, in one line.
+stage="$(mktemp -d)"
+trap 'rm -rf "$stage" "${rootfs:-}"' EXIT
+log "checking the worker venv $WORKER_VENV against the lock"
+site="$(python3 "$ROOT/backend_images/cpu/venv_for_image.py" "$WORKER_VENV" \
+  "$ROOT/backend_images/cpu/requirements.lock" "$stage/exclude")"
+
+if ! pm image exists "$RUNTIME"; then
+  log "making the runtime base $RUNTIME: python3.11 from Debian (once per machine)"
+  pm build --network host "${limits[@]}" -f "$ROOT/backend_images/cpu/Containerfile.base" \
+    --build-arg "BASE_IMAGE=$BASE" -t "$RUNTIME" "$ROOT/backend_images" >&2
 fi
-log "building $HASHED"
-pm build "${build_args[@]}" --build-arg "PIP_EXTRA=$pip_extra" -t "$HASHED" "$ROOT" >&2
+
+log "building this package's wheel"
+wheel_dir="$ROOT/build/cpu-image-wheel"
+rm -rf "$wheel_dir" && mkdir -p "$wheel_dir" "$stage/src"
+# From a copy: an in-tree setuptools build would leave build/lib and egg-info in the checkout.
+(cd "$ROOT" && cp -r pyproject.toml README.md gpustack_dspark ui-patches "$stage/src/")
+"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$wheel_dir" "$stage/src" >&2
+
+log "building $HASHED from $site"
+pm build --network none "${limits[@]}" -f "$ROOT/backend_images/cpu/Containerfile" \
+  --build-arg "RUNTIME_BASE=$RUNTIME" \
+  -v "$site:/build/site-packages:ro" -v "$WORKER_VENV/bin:/build/bin:ro" -v "$stage/exclude:/build/exclude:ro" \
+  -t "$HASHED" "$ROOT" >&2
+rm -rf "$wheel_dir"
 tag_extra
 echo "$HASHED"

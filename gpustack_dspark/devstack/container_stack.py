@@ -7,6 +7,8 @@ processes bind 127.0.0.1 (devstack/loopback), replicas use host networking on {{
 
 import json
 import os
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -19,27 +21,75 @@ from gpustack_dspark.backend_ids import replica_info, replica_url  # noqa: F401 
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
-from gpustack_dspark.devstack.postgres import Postgres, start_postgres
+from gpustack_dspark.devstack.postgres import Postgres, free_port
 from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import GPUStackServer
-from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range, join_cpu_worker
+from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range
 from gpustack_dspark.settings import PluginSettings
 
 BUILD_SCRIPT = REPO_ROOT / "backend_images" / "build-local.sh"
 RUNNING = "running"
 
 
-def build_cpu_image(config: podman_host.PodmanConfig, log_path: Path, timeout_s: float = 1800) -> str:
-    """backend_images/build-local.sh with this host's Podman settings; returns the image."""
+def _is_progress(line: str) -> bool:
+    """The build lines a person watching wants: the script's own and each Podman step."""
+    return line.startswith("[build-local]") or bool(re.match(r"STEP \d+/\d+: ", line))
+
+
+def build_cpu_image(config: podman_host.PodmanConfig, log_path: Path, timeout_s: float = 1800,
+                    on_line: Optional[Callable[[str], None]] = None) -> str:
+    """backend_images/build-local.sh with this host's Podman settings; returns the image.
+
+    Its whole output goes to log_path; `on_line` gets each "[build-local] ..." and Podman
+    "STEP n/m: ..." line as it comes. The script runs in a process group of its own, stopped
+    with it when the caller is interrupted (a demo stopped during the build)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        result = subprocess.run([str(BUILD_SCRIPT)], env={**os.environ, **config.env}, stdout=subprocess.PIPE,
-                                stderr=log, timeout=timeout_s)
-    if result.returncode != 0:
+        proc = subprocess.Popen([str(BUILD_SCRIPT)], env={**os.environ, **config.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def pump() -> None:
+            for raw in proc.stderr:
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").rstrip()
+                if on_line is not None and _is_progress(line):
+                    on_line(line[:160])
+
+        out: List[bytes] = []
+        readers = [threading.Thread(target=pump, name="dspark-image-build-log", daemon=True),
+                   threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            raise RuntimeError(f"building the CPU DSpark image took over {timeout_s:.0f}s; log {log_path}")
+        except BaseException:  # interrupted (a stop signal): end the build too
+            _stop_group(proc)
+            raise
+        finally:
+            for reader in readers:
+                reader.join(timeout=10)
+    if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"building the CPU DSpark image failed (exit {result.returncode}); "
+        raise RuntimeError(f"building the CPU DSpark image failed (exit {proc.returncode}); "
                            f"log {log_path}:\n{tail}")
-    return result.stdout.decode().strip().splitlines()[-1]
+    return b"".join(out).decode().strip().splitlines()[-1]
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 20) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass
@@ -126,49 +176,85 @@ class ContainerStack:
     api: Optional[GPUStackAPI] = None
     model: Optional[Dict[str, Any]] = None
     watch: Optional[InstanceWatch] = None
+    # The demo's heartbeat: (phase, a function that says how far it is) as each phase starts.
+    on_phase: Optional[Callable[[str, Optional[Callable[[], str]]], None]] = None
+    # stop()'s last sweep spares this session's processes (the demo sets the one it began in).
+    spare_session: Optional[int] = None
 
     def _phase(self, name: str, started: float) -> None:
         self.phases[name] = round(time.monotonic() - started, 1)
         self.say(f"[stack] {name}: {self.phases[name]}s")
 
+    def _begin(self, name: str, what: str, detail: Optional[Callable[[], str]] = None) -> float:
+        """A phase starts: one line now; `on_phase` (the demo's heartbeat) gets its detail."""
+        self.say(f"[stack] {name}: {what}")
+        if self.on_phase is not None:
+            self.on_phase(name, detail)
+        return time.monotonic()
+
     def start_platform(self) -> "ContainerStack":
-        """Everything up to a READY, labelled worker that deploys with Podman."""
+        """Everything up to a READY, labelled worker that deploys with Podman.
+
+        Each part is recorded on the stack before it starts, so a stop at any moment (the
+        demo's signals interrupt this) finds everything already started in stop()."""
         self.base.mkdir(parents=True, exist_ok=True)
         self.podman = podman_host.prepare()
         if self.podman.fixes.reasons:
             self.say("[stack] Podman fixes for this host: " + "; ".join(self.podman.fixes.reasons))
-        t = time.monotonic()
-        self.image = build_cpu_image(self.podman, self.base / "image-build.log")
+        build_log = self.base / "image-build.log"
+        step = {"line": "checking the image's inputs", "t": time.monotonic()}
+
+        def on_build_line(line: str) -> None:
+            step.update(line=line, t=time.monotonic())
+            self.say(f"[stack] image: {line}")
+
+        t = self._begin("image", f"finding or building the CPU DSpark image (log {build_log})",
+                        lambda: f"{step['line'][:70]} ({time.monotonic() - step['t']:.0f}s; log {build_log})")
+        self.image = build_cpu_image(self.podman, build_log, on_line=on_build_line)
         self._phase("image", t)
-        t = time.monotonic()
-        self.postgres = start_postgres(self.base / "postgres")
+        t = self._begin("postgres", "starting PostgreSQL")
+        self.postgres = Postgres(data_dir=self.base / "postgres", port=free_port())
+        self.postgres.start()
         self._phase("postgres", t)
-        t = time.monotonic()
         kwargs = {"api_port": self.api_port} if self.api_port else {}
         self.server = GPUStackServer(data_dir=self.base / "server", database_url=self.postgres.url,
                                      admin_password=self.admin_password,
                                      extra_args=["--dspark-cpu-image", self.image], **kwargs)
+        t = self._begin("server", f"starting GPUStack with the plugin on {self.server.url}",
+                        lambda: f"waiting for {self.server.url}/healthz (log {self.server.log_path})")
         self.server.start()
         self.api = GPUStackAPI(self.server.url, self.server.create_api_key("dspark-stack"))
         self._phase("server", t)
-        t = time.monotonic()
+        worker_dir = self.base / "worker"
+        t = self._begin("worker", f"Podman service + CPU worker {self.worker_name}",
+                        lambda: f"waiting for worker {self.worker_name} to be READY (log {worker_dir / 'worker.log'})")
         # Per run: its own service socket and container store (images shared, read-only).
         self.run_podman = self.podman.for_run(self.base / "containers")
-        self.service = podman_host.PodmanService(self.run_podman, self.base / "podman.log",
-                                                 self.base / "podman.sock").start()
-        self.worker = join_cpu_worker(self.api, self.server.url, self.worker_name, self.base / "worker",
-                                      labels=dict([PluginSettings().json_label]),
-                                      extra_env=self.service.worker_env(),
-                                      service_port_range=free_port_range())
+        self.service = podman_host.PodmanService(self.run_podman, self.base / "podman.log", self.base / "podman.sock")
+        self.service.start()
+        cluster_id = self.api.ensure_cluster("dspark-local")
+        self.worker = GPUStackWorker(name=self.worker_name, data_dir=worker_dir, server_url=self.server.url,
+                                     token=self.api.registration_token(cluster_id),
+                                     extra_env=self.service.worker_env(), service_port_range=free_port_range())
+        self.worker.start(self.api, labels=dict([PluginSettings().json_label]))
         self._phase("worker", t)
         return self
+
+    def _replica_detail(self) -> str:
+        latest = self.watch.snapshot()[1] if self.watch is not None else {}
+        if not latest:
+            return "waiting for GPUStack to create the instances"
+        return "; ".join(f"{i['name']} {str(i['state']).lower()}"
+                         + (f" ({replica_phase(i)})" if str(i["state"]).lower() == "starting" and replica_phase(i) else "")
+                         for i in sorted(latest.values(), key=lambda i: i["id"]))
 
     def deploy(self, model_file: Path = DEMO_MODEL_FILE, timeout_s: float = 600) -> Dict[str, Any]:
         """`gpustack-dspark apply -f model_file`; returns once every replica is RUNNING."""
         name, replicas = model_name_and_replicas(model_file)
         self.watch = InstanceWatch(self.api, name)
         self.watch.start()
-        t = time.monotonic()
+        t = self._begin("replicas_running", f"gpustack-dspark apply -f {model_file}: {replicas} replicas, "
+                        "RUNNING once warm", self._replica_detail)
         apply_model_file(model_file, self.server.url, self.api.api_key, self.base / "apply.log")
         self.model = next(m for m in self.api.items("/v2/models") if m["name"] == name)
         self.wait_running(replicas, timeout_s)
@@ -256,6 +342,7 @@ class ContainerStack:
             steps.append(("stop the server", self.server.stop))
         if self.postgres is not None:
             steps.append(("stop PostgreSQL", self.postgres.stop))
+        steps.append(("end leftover processes", self._end_leftover_processes))
         for what, step in steps:
             try:
                 step()
@@ -264,3 +351,68 @@ class ContainerStack:
                 if what != "delete the model":  # the container sweep below covers that one
                     problems.append(f"{what}: {e}")
         return problems
+
+    def _end_leftover_processes(self) -> None:
+        """Last step of stop(): any process still naming this run's folder (a server, worker,
+        PostgreSQL or conmon whose orderly stop was cut short) gets SIGTERM, then SIGKILL.
+        This process, its ancestors (a `make demo DEMO_ARGS=--state-dir ...` names the folder)
+        and the session it was started from (a `tee` into it) are left alone."""
+        left = processes_naming(self.base, spare_session=self.spare_session)
+        if not left:
+            return
+        self.say(f"[stack] ending {len(left)} leftover process(es): " + ", ".join(f"{pid} {cmd[:60]}"
+                                                                                for pid, cmd in left))
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            for pid, _ in left:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and any(_alive(pid) for pid, _ in left):
+                time.sleep(0.2)
+            left = [(pid, cmd) for pid, cmd in left if _alive(pid)]
+            if not left:
+                return
+        raise RuntimeError("processes left: " + ", ".join(str(pid) for pid, _ in left))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _ancestors(pid: int) -> List[int]:
+    out = []
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        out.append(pid)
+    return out
+
+
+def processes_naming(folder: Path, spare_session: Optional[int] = None) -> List[Tuple[int, str]]:
+    """Live processes whose command line names `folder` (pid, command line), but for this
+    process, its ancestors and, when given, the processes of session `spare_session`."""
+    names = re.compile(re.escape(str(folder)) + r"(/|\s|$)")
+    me = os.getpid()
+    spared = {me, *_ancestors(me)}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            if not names.search(cmd) or not _alive(int(entry.name)):
+                continue
+            if spare_session is not None and os.getsid(int(entry.name)) == spare_session:
+                continue
+        except (OSError, ProcessLookupError):
+            continue
+        found.append((int(entry.name), cmd))
+    return found

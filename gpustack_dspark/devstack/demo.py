@@ -1,13 +1,29 @@
 """`make demo`: the whole path on this machine, on 127.0.0.1 — the CPU DSpark image built
 locally with Podman, PostgreSQL, GPUStack with the plugin, a CPU worker labelled for JSON
 inference that deploys with Podman, the demo model with 2 warm replicas, a short JSON
-benchmark through GPUStack's /v1 — then it serves until Ctrl-C and removes everything it
+benchmark through GPUStack's /v1 — then it serves until stopped and removes everything it
 started (containers included).
+
+However it is stopped — Ctrl-C (SIGINT), SIGTERM, SIGHUP (the terminal or tmux pane
+closed) or the reader of its output gone (`make demo | tee demo.log` with `tee` killed by
+the same Ctrl-C) — it ends the same way: whatever phase runs is interrupted and the cleanup
+runs to the end. Why each of these needs care (a reported leak: in tmux, Ctrl-C on
+`make demo 2>&1 | tee demo.log` left the server, worker, PostgreSQL, Podman's service and
+the replica containers running):
+- the cleanup's first message went to the dead pipe and raised BrokenPipeError, which
+  skipped the cleanup: messages now go through `progress.Progress`, which swallows failed
+  writes and also keeps every line in the state folder's demo.log;
+- SIGHUP was not handled, so Python died at once: it is handled like SIGINT;
+- a second signal (the pane's hang-up right after Ctrl-C) would cut the cleanup short: once
+  the cleanup starts the demo leaves the terminal's session (setsid), so the terminal's
+  signals reach neither it nor the helpers it runs, and any signal that still comes is ignored;
+- a reader that dies while the demo prints nothing (serving) is noticed by polling the pipe.
 """
 
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -25,16 +41,64 @@ from gpustack_dspark.bench.load import json_check
 from gpustack_dspark.bench.runner import Settings, run_target
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, model_name_and_replicas
+from gpustack_dspark.devstack.progress import Progress
 from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import ADMIN_USER
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+DEMO_LOG = "demo.log"
 
 BENCH_REQUESTS = 32
 BENCH_CONCURRENCY = 4
 BENCH_MAX_TOKENS = 160
 
 
-def _say(message: str) -> None:
-    print(message, flush=True)
+class DemoStop(BaseException):
+    """Raised in the main thread by a stop (signal or dead output): unwinds whatever phase
+    runs into the cleanup. A BaseException, so no `except Exception` on the way swallows it."""
+
+
+class Stopper:
+    """Turns SIGINT, SIGTERM, SIGHUP and a dead output into one stop, and keeps the cleanup
+    that follows from being cut short."""
+
+    def __init__(self, out: Progress):
+        self.out = out
+        self.reason: Optional[str] = None
+        self.cleaning = False
+        self.session = os.getsid(0)  # the session the demo began in (its terminal's)
+        self._main = threading.main_thread().ident
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.cleaning:
+            self.out.say(f"[demo] {name} during the cleanup: ignored, the cleanup goes on")
+            return
+        if self.reason is None:
+            self.reason = name
+        raise DemoStop(self.reason)
+
+    def output_died(self) -> None:
+        """Progress found stdout dead (any thread): stop as for a signal."""
+        if self.reason is None:
+            self.reason = "its output is gone (the pipe's reader or the terminal)"
+        if not self.cleaning:
+            signal.pthread_kill(self._main, signal.SIGTERM)
+
+    def begin_cleanup(self) -> None:
+        self.cleaning = True
+        try:
+            # Out of the terminal's session: a hang-up or a second Ctrl-C sent to the
+            # terminal's process group now reaches neither the demo nor its cleanup helpers
+            # (podman rm, pg_ctl stop). Refused when the demo leads its process group (started
+            # straight from an interactive shell): then signals are only ignored.
+            os.setsid()
+        except OSError:
+            pass
 
 
 def _feature_line(status: dict) -> str:
@@ -70,52 +134,77 @@ def benchmark(stack: ContainerStack, model: str, requests: int = BENCH_REQUESTS,
     return {**bench_summary(report.figures(run)), "concurrency": concurrency}
 
 
-def run_demo(port: int, model_file: Path, state_dir: Optional[Path], stop: threading.Event) -> int:
+def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progress, stopper: Stopper) -> int:
     # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes);
     model, replicas = model_name_and_replicas(model_file)
     base = state_dir or Path(tempfile.mkdtemp(prefix="gsd-demo-"))
     keep = state_dir is not None
+    base.mkdir(parents=True, exist_ok=True)
+    out.open_log(base / DEMO_LOG)
+    say = out.say
     password = "dspark-" + secrets.token_hex(4)
-    stack = ContainerStack(base, api_port=port, admin_password=password, say=_say)
+    stack = ContainerStack(base, api_port=port, admin_password=password, say=say,
+                           on_phase=out.phase, spare_session=stopper.session)
+    code = 1
     try:
-        _say(f"[demo] state in {base}")
-        _say("[demo] building the CPU DSpark image (cached by its inputs; the first build takes minutes)")
+        say(f"[demo] state in {base} (log {base / DEMO_LOG})")
+        say("[demo] the CPU DSpark image is reused while its inputs are unchanged; "
+            "else it is built from the worker venv (about a minute)")
         stack.start_platform()
+        out.phase("plugin status")
         status = stack.api.get("/v2/dspark/status")
         deadline = time.monotonic() + 60
         while status["features"]["backend_registration"]["state"] == "pending" and time.monotonic() < deadline:
             time.sleep(0.5)
             status = stack.api.get("/v2/dspark/status")
-        _say(f"[demo] DSpark plugin {status['plugin']['version']} on GPUStack {status['gpustack']['version']}: "
-             f"{_feature_line(status)}")
-        _say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
-             f"image {stack.image}")
-        _say(f"[demo] gpustack-dspark apply -f {model_file}: {model}, {replicas} replicas (RUNNING once warm)")
+        say(f"[demo] DSpark plugin {status['plugin']['version']} on GPUStack {status['gpustack']['version']}: "
+            f"{_feature_line(status)}")
+        say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
+            f"image {stack.image}")
         stack.deploy(model_file, timeout_s=1500)  # minutes on a busy 2-core machine
-        _say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
-        _say(f"[demo] phases (s): {json.dumps(stack.phases)}")
-        _say(f"GPUStack UI: {stack.server.url}/")
-        _say(f"Admin login: {ADMIN_USER} / {password}")
-        _say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
-        _say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
-             f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
-             f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
-        _say("[demo] serving; press Ctrl-C to stop and clean up")
-        while not stop.wait(1.0):
+        out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
+        say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
+        say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
+        out.phase(None)
+        say(f"[demo] phases (s): {json.dumps(stack.phases)}")
+        say(f"GPUStack UI: {stack.server.url}/")
+        say(f"Admin login: {ADMIN_USER} / {password}")
+        say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
+        say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
+            f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
+            f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
+        say("[demo] serving; press Ctrl-C to stop and clean up")
+        while True:
+            time.sleep(1.0)
             for proc in (stack.server.process, stack.worker.process, stack.service.process):
                 if proc is not None and not proc.alive():
-                    _say(f"[demo] a process exited unexpectedly; see {proc.log_path}")
+                    say(f"[demo] a process exited unexpectedly; see {proc.log_path}")
                     return 1
-        return 0
+    except DemoStop:
+        code = 0
+    except Exception as e:  # a clear line, not a traceback, for setup problems
+        say(f"[demo] failed: {e}")
     finally:
-        _say("[demo] stopping")
+        while True:  # a stop that lands before the cleanup is marked begun is retried, not lost
+            try:
+                stopper.begin_cleanup()
+                break
+            except DemoStop:
+                continue
+        out.phase("stopping", lambda: "removing what the demo started")
+        say(f"[demo] stopping ({stopper.reason or 'done'})")
         problems = stack.stop()
+        out.phase(None)
         if problems:  # keep the folder: it holds the container store still in use
-            _say(f"[demo] stopped, but not everything is gone ({'; '.join(problems)}); state in {base}")
+            say(f"[demo] stopped, but not everything is gone ({'; '.join(problems)}); state in {base}")
+            code = 1
         else:
-            if not keep:
-                shutil.rmtree(base, ignore_errors=True)
-            _say("[demo] stopped; everything it started is gone")
+            if not keep:  # all but the log, which says what happened (the terminal may be gone)
+                for entry in base.iterdir():
+                    if entry.name != DEMO_LOG:
+                        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            say(f"[demo] stopped; everything it started is gone (log {base / DEMO_LOG})")
+    return code
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -125,18 +214,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--model-file", type=Path, default=DEMO_MODEL_FILE,
                         help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(REPO_ROOT)})")
     parser.add_argument("--state-dir", type=Path, default=None,
-                        help="keep state here instead of a temporary folder removed on exit")
+                        help="keep state here instead of a temporary folder removed on exit (but for its demo.log)")
     args = parser.parse_args(argv)
     try:
         model_name_and_replicas(args.model_file)
     except (OSError, ValueError, yaml.YAMLError) as e:
         parser.error(f"--model-file: {e}")
 
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    out = Progress(sys.stdout)
+    stopper = Stopper(out)
+    out.on_dead_output = stopper.output_died
+    stopper.install()
+    out.watch_output()
+    out.start_heartbeat()
     try:
-        return run_demo(args.port, args.model_file, args.state_dir, stop)
-    except Exception as e:  # a clear line, not a traceback, for setup problems
-        print(f"[demo] failed: {e}", file=sys.stderr, flush=True)
-        return 1
+        return run_demo(args.port, args.model_file, args.state_dir, out, stopper)
+    except DemoStop:  # stopped before anything started, or while saying that it failed
+        return 0
+    finally:
+        out.close()
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass

@@ -1,13 +1,11 @@
 """The README's demo command: the whole container path up to "serving" (UI, admin login,
-a JSON benchmark line), then a clean Ctrl-C that leaves no process and no container."""
+a JSON benchmark line), then Ctrl-C the way the reported leak had it — `make demo` piped
+through a line-stamping reader, SIGINT to the whole job so the reader dies with it (tee in
+tmux) — and nothing left: no process, no port, no container. The other ways to stop it are
+in test_demo_stops.py."""
 
 import json
-
-import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,57 +14,32 @@ import pytest
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.postgres import free_port
 
+from tests.integration.demo_support import PipedDemo, assert_nothing_left
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700)]  # may include the cold image build
-
-
-def _read_until(proc, pattern, timeout_s, seen):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"demo never printed {pattern!r}; output:\n{''.join(seen)}")
 
 
 def _container_names(config):
     return set(config.run("ps", "-a", "--format", "{{.Names}}").stdout.split())
 
 
-def _processes_mentioning(path: Path):
-    """Processes whose command line names the demo's state folder (replicas, conmon, podman)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(path) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
-                found.append(proc.name)
-        except OSError:
-            pass
-    return found
-
-
-def test_demo_serves_warm_replicas_behind_the_ui_and_stops_cleanly_on_ctrl_c():
+def test_demo_serves_warm_replicas_behind_the_ui_and_a_piped_ctrl_c_removes_everything(tmp_path):
     config = podman_host.prepare()  # fails here, with the reason, where Podman cannot work
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpustack_dspark.devstack", "demo", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    demo = PipedDemo(tmp_path, port)
     try:
-        state_dir = Path(_read_until(proc, r"\[demo\] state in (\S+)", 30, seen).group(1))
+        demo.wait_for(r"\[demo\] state in (\S+)", 60)
+        state_dir = demo.state_dir
         # Cold image build included: bounded generously, the cached path takes ~2 minutes.
-        summary = json.loads(_read_until(proc, r"\[demo\] benchmark: (\{.*\})", 1800, seen).group(1))
+        summary = json.loads(demo.wait_for(r"\[demo\] benchmark: (\{.*\})", 1800).group(1))
         assert summary["failed"] == 0 and summary["requests"] > 0 and summary["format_errors"] == 0, summary
         assert summary["tok_per_s"] > 0 and summary["p99_s"] > 0, summary
         assert 0 < summary["acceptance_rate"] <= 1 and summary["tokens_per_forward"] > 1, summary
-        url = _read_until(proc, r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 10, seen).group(1)
-        user, password = _read_until(proc, r"Admin login: (\S+) / (\S+)", 10, seen).groups()
-        _read_until(proc, r"press Ctrl-C", 10, seen)
-        assert "backend_registration=enabled" in "".join(seen)
+        url = demo.wait_for(r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 10).group(1)
+        user, password = demo.wait_for(r"Admin login: (\S+) / (\S+)", 10).groups()
+        demo.wait_for(r"press Ctrl-C", 10)
+        assert "backend_registration=enabled" in demo.output()
+        assert url == f"http://127.0.0.1:{port}"
 
         page = httpx.get(f"{url}/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
@@ -80,20 +53,14 @@ def test_demo_serves_warm_replicas_behind_the_ui_and_stops_cleanly_on_ctrl_c():
         names = tuple(i["name"] for i in instances)  # GPUStack names each replica's containers after it
         ours = {n for n in _container_names(config.for_run(state_dir / "containers")) if n.startswith(names)}
         assert len(ours) >= 2, ours  # pause + run container per replica, in the demo's own store
+        ports = demo.ports()
+        assert port in ports and len(ports) > 4, ports  # the UI, PostgreSQL, the worker, both replicas, ...
 
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=90) == 0
-        rest = proc.stdout.read()
-        assert "everything it started is gone" in rest
+        demo.signal_job(signal.SIGINT)  # Ctrl-C in the terminal: make, the demo and the reader
+        took = demo.wait_demo_gone(180)
+        print(f"[demo] gone {took:.1f}s after Ctrl-C")
+        assert_nothing_left(demo, ports, "SIGINT")  # no replica, conmon, podman, server or PostgreSQL
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/healthz", timeout=3)
-        assert not state_dir.exists()
-        assert not _processes_mentioning(state_dir)  # no replica, conmon or podman left
     finally:
-        if proc.poll() is None:  # a failed assertion: let the demo clean up (containers) first
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        demo.cleanup()  # a failed assertion: the demo still removes its containers first
