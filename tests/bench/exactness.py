@@ -252,6 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.only:
         chosen = [chosen[0]] + [chosen[int(i) - 1] for i in args.only.split(",") if i != "1"]
 
+    reference_name = chosen[0][0]
     logs = Path(tempfile.mkdtemp(prefix="dspark-exactness-"))
     print(f"replica logs in {logs}", flush=True)
     replies: Dict[Tuple[str, str], List[str]] = {}
@@ -267,6 +268,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if number == 1:  # the noise floor: the same replica, sampled again
                     replies[("no speculation, again", setting)] = sample_choices(
                         replica.base_url, SERVED_NAME, sampling, args.samples)
+                if number > 1 or (name + ", again", setting) in replies:  # as soon as it is known
+                    shown = name + ", again" if number == 1 else name
+                    c = two_sample(replies[(reference_name, setting)], replies[(shown, setting)])
+                    print(f"    {shown}, {setting}: {c.line()}", flush=True)
                 if not args.no_string:
                     strings[(name, setting)] = sample_string_tokens(replica.base_url, SERVED_NAME, sampling,
                                                                     args.samples)
