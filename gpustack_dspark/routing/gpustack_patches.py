@@ -274,18 +274,20 @@ def _as_bytes(chunk) -> bytes:
     return chunk if isinstance(chunk, (bytes, bytearray)) else str(chunk).encode()
 
 
-def _silence_watch(ctx: "_Context", slot: Optional[RequestSlot], worker, proxy_client,
+def _silence_watch(ctx: "_Context", slot: Optional[RequestSlot], worker, headers, proxy_client,
                    no_proxy_client) -> silence.SilenceWatch:
-    """The watch on one try (`silence.py`): the slot's current instance, checked through `worker`."""
+    """The watch on one try (`silence.py`): the slot's current instance, checked through `worker`
+    with the header that routes this try to it. No ORM row is read here: GPUStack's instance
+    rows are shared between requests, and reading an expired one outside its session fails
+    ("This session is provisioning a new connection")."""
     seconds = ctx.policy.proxy.silence_timeout_s
-    instance = None
-    if slot is not None and slot.instance_id is not None:
-        instance = next((i for i in slot.candidates if i.id == slot.instance_id), None)
-    if instance is None or ctx.probe_request is None:
+    instance_id = slot.instance_id if slot is not None else None
+    route = (headers or {}).get(ctx.gs["router_header_key"])
+    if instance_id is None or route is None or ctx.probe_request is None:
         seconds = 0  # outside a slot, or nothing to check: GPUStack's own bounds only
 
     async def alive() -> silence.Verdict:
-        return await ctx.liveness.check(instance.id, lambda: _health_check(ctx, worker, instance, proxy_client,
+        return await ctx.liveness.check(instance_id, lambda: _health_check(ctx, worker, route, proxy_client,
                                                                             no_proxy_client, seconds),
                                         heard_within_s=seconds)
 
@@ -300,13 +302,13 @@ def _silence_watch(ctx: "_Context", slot: Optional[RequestSlot], worker, proxy_c
     return silence.SilenceWatch(seconds, alive, on_check, on_kept=on_kept)
 
 
-async def _health_check(ctx: "_Context", worker, instance, proxy_client, no_proxy_client,
+async def _health_check(ctx: "_Context", worker, route: str, proxy_client, no_proxy_client,
                         silence_s: float) -> silence.Verdict:
-    """`GET /health` of the instance's replica, through its worker (as the request went)."""
+    """`GET /health` of the instance's replica, through its worker, routed as the try was."""
     import aiohttp
 
     bound = silence.probe_timeout(silence_s)
-    headers = {ctx.gs["router_header_key"]: f"{ctx.gs['model_instance_prefix'](instance)}.static"}
+    headers = {ctx.gs["router_header_key"]: route}
     try:
         resp, body = await ctx.probe_request(worker, "GET", silence.HEALTH_PATH, proxy_client=proxy_client,
                                              no_proxy_client=no_proxy_client, headers=headers,
@@ -360,7 +362,7 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
         slot = current_slot()
         if slot is not None:
             worker = await ctx.workers.get(worker)
-        watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
+        watch = _silence_watch(ctx, slot, worker, headers, proxy_client, no_proxy_client)
         stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
         try:
             item, silent = await _first_item(ctx, slot, watch, stream)
@@ -378,7 +380,7 @@ def stream_response_hook(original: Callable, ctx: "_Context") -> Callable:
                     await stream.aclose()
                     watch.close()
                     worker, headers = attempt
-                    watch = _silence_watch(ctx, slot, worker, proxy_client, no_proxy_client)
+                    watch = _silence_watch(ctx, slot, worker, headers, proxy_client, no_proxy_client)
                     stream = original(worker, method, path, headers, data, proxy_client, no_proxy_client)
                     item, silent = await _first_item(ctx, slot, watch, stream)
                     if silent is not None:
@@ -490,7 +492,7 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
 
         async def tried(try_worker, try_headers, on_error: bool):
             """One try, given up if its replica goes silent (silence.py)."""
-            watch = _silence_watch(ctx, slot, try_worker, proxy_client, no_proxy_client)
+            watch = _silence_watch(ctx, slot, try_worker, try_headers, proxy_client, no_proxy_client)
             try:
                 resp, body = await watch.wait(original(try_worker, headers=try_headers, raise_on_error=on_error,
                                                        **call))

@@ -2,6 +2,8 @@
 
 The replicas are test stand-ins for vLLM (tests/support/stand_in_replica.py):
 no container runtime or GPU exists here, so GPUStack cannot start real replicas yet.
+The server runs with `proxy.silence_timeout_s: 3` (SILENCE_S), so giving up on a silent
+replica takes seconds; every stand-in here answers well within that.
 """
 
 import threading
@@ -23,6 +25,7 @@ from tests.support.stand_in_replica import StandInReplica
 
 pytestmark = pytest.mark.integration
 
+SILENCE_S = 3
 JSON_BODY = {"messages": [{"role": "user", "content": "a record"}], "response_format": {"type": "json_object"}}
 PLAIN_BODY = {"messages": [{"role": "user", "content": "a poem"}]}
 
@@ -57,7 +60,11 @@ class Stack:
 def stack(start_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("routing")
     replicas = {name: StandInReplica(name, base_s=0.05).start() for name in ("json-a", "json-b", "general")}
-    server = start_server()
+    quiet = [StandInReplica(f"quiet-{n}", base_s=0.2).start() for n in ("a", "b")]  # they go silent
+    policies = base / "policies"
+    policies.mkdir()
+    (policies / "routing.yaml").write_text(f"proxy:\n  silence_timeout_s: {SILENCE_S}\n")
+    server = start_server(extra_args=["--dspark-policy-dir", str(policies)])
     api = admin_api(server)
     wait_backend_registered(server, api.api_key, 60)
     worker = join_cpu_worker(api, server.url, "route-w1", base / "w1")
@@ -71,6 +78,8 @@ def stack(start_server, tmp_path_factory):
                                         row, [replicas["json-a"].port, replicas["json-b"].port], base / "json-m"),
         "gen-m": create_stand_in_model(api, "gen-m", STAND_IN_BACKEND, STAND_IN_VERSION, row["cluster_id"],
                                        row, [replicas["general"].port], base / "gen-m"),
+        "quiet-m": create_stand_in_model(api, "quiet-m", backend.BACKEND_NAME, backend.CPU_VERSION, row["cluster_id"],
+                                         row, [r.port for r in quiet], base / "quiet-m"),
     }
     api.post("/v2/model-routes", {"name": "mixed", "targets": [
         {"model_id": models["json-m"]["id"], "weight": 0}, {"model_id": models["gen-m"]["id"], "weight": 0}]})
@@ -78,14 +87,14 @@ def stack(start_server, tmp_path_factory):
     for model in models.values():
         keeper.watch(model["id"])
     st = Stack(server, api, worker, replicas, models)
-    st.row, st.keeper, st.base = row, keeper, base
-    for name in ("json-m", "gen-m", "mixed"):
+    st.row, st.keeper, st.base, st.quiet = row, keeper, base, quiet
+    for name in ("json-m", "gen-m", "mixed", "quiet-m"):
         wait_routable(server.url, api.api_key, name, 180)
     yield st
     keeper.stop()
     worker.stop()
     api.close()
-    for replica in replicas.values():
+    for replica in (*replicas.values(), *quiet):
         replica.stop()
 
 
@@ -439,3 +448,83 @@ def test_a_killed_replica_loses_no_request_streamed_or_not(stack):
     assert stack.routing()["retries"]["retried"] > before
     stack.wait_idle(5)
 
+
+# How long a try may wait on a silent replica (routing/silence.py): twice the timeout (the replica
+# may have answered another request just before it went silent), then its health check (bounded
+# by min(5 s, the timeout)), plus 3 s for the server's event loop on this loaded 2-core machine.
+GIVE_UP_BOUND_S = 2 * SILENCE_S + min(5, SILENCE_S) + 3
+
+
+def _quiet_request(stack, streamed, i=0, timeout=60):
+    started = time.monotonic()
+    response = stack.chat("quiet-m", {"max_tokens": 16, "stream": streamed,
+                                      "messages": [{"role": "user", "content": f"Create an order record {i}."}]},
+                          timeout=timeout)
+    return response, time.monotonic() - started
+
+
+def test_a_silent_replica_is_given_up_and_a_slow_one_that_answers_is_not(stack):
+    """`proxy.silence_timeout_s: 3`, two stand-ins. A replica slower than that, but answering
+    its health check, keeps its requests (streamed or not: 200, whole). A frozen one (its port
+    accepts, nothing is answered, nothing is closed) is given up within the bound: its requests
+    go to the other replica, streamed or not. A stream whose replica freezes mid-way ends with
+    the error event. With both frozen, a 504 that says why, streamed or not."""
+    a, b = stack.quiet
+    start = stack.routing()["silence"]
+    assert start["timeout_s"] == SILENCE_S
+    # Slow: first bytes after 2x the timeout (one chunk per stream, so its first byte is late too).
+    for replica in (a, b):
+        replica.stall_s, replica.chunks = 2 * SILENCE_S, 1
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            (plain, _), (streamed, _) = pool.map(lambda s: _quiet_request(stack, s), (False, True))
+    finally:
+        for replica in (a, b):
+            replica.stall_s, replica.chunks = 0.0, 5
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"], plain.text[:300]
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text[-300:]
+    kept = stack.routing()["silence"]
+    assert kept["alive"] >= start["alive"] + 2 and kept["given_up"] == start["given_up"], kept
+    assert kept["longest_kept_wait_s"] >= 2 * SILENCE_S, kept
+
+    # One frozen, the one the balancer prefers now (so requests do reach it): every request
+    # answered by the other, none waiting past the bound on the frozen one.
+    served = [r.stats.served for r in (a, b)]
+    _quiet_request(stack, False)
+    frozen, other = (a, b) if a.stats.served > served[0] else (b, a)
+    frozen.freeze()
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: _quiet_request(stack, i % 2 == 0, i), range(6)))
+    assert [r.status_code for r, _ in answers] == [200] * 6, [r.text[:200] for r, _ in answers]
+    assert all(r.text.rstrip().endswith("data: [DONE]") for i, (r, _) in enumerate(answers) if i % 2 == 0)
+    given_up = stack.routing()["silence"]
+    assert given_up["given_up"] > kept["given_up"], given_up  # some went to the frozen one first
+    assert given_up["longest_given_up_wait_s"] <= GIVE_UP_BOUND_S, given_up
+
+    # Mid-stream: the other streams one event a second; it freezes after the first.
+    other.base_s = 5.0
+    events, frozen_at = [], None
+    with httpx.stream("POST", f"{stack.server.url}/v1/chat/completions", headers=stack.headers,
+                      json={"model": "quiet-m", "max_tokens": 16, "stream": True,
+                            "messages": [{"role": "user", "content": "Create an order record."}]},
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(line)
+                if frozen_at is None:
+                    other.freeze()
+                    frozen_at = time.monotonic()
+    ended_after = time.monotonic() - frozen_at
+    assert response.status_code == 200 and len(events) >= 2, events
+    assert '"error"' in events[-1] and "sent nothing for" in events[-1], events[-1]
+    assert ended_after <= GIVE_UP_BOUND_S, ended_after
+
+    # Both frozen: nowhere to go; a 504 that says why, within two give-ups.
+    with ThreadPoolExecutor(2) as pool:
+        (plain, plain_s), (streamed, streamed_s) = pool.map(lambda s: _quiet_request(stack, s), (False, True))
+    for response, seconds in ((plain, plain_s), (streamed, streamed_s)):
+        assert response.status_code == 504, response.text[:300]
+        assert "sent nothing for" in response.text and "failed its health check" in response.text, response.text
+        assert seconds <= 2 * GIVE_UP_BOUND_S, seconds
+    routing = stack.wait_idle(30)
+    assert routing["retries"]["silent_given_up"] == routing["silence"]["given_up"] > given_up["given_up"]
