@@ -89,7 +89,9 @@ wheel_dir="$ROOT/build/cpu-image-wheel"
 rm -rf "$wheel_dir" && mkdir -p "$wheel_dir" "$stage/src"
 # From a copy: an in-tree setuptools build would leave build/lib and egg-info in the checkout.
 (cd "$ROOT" && cp -r pyproject.toml README.md gpustack_dspark ui-patches "$stage/src/")
-"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$wheel_dir" "$stage/src" >&2
+# setuptools' own build hook, in-process: what `pip wheel --no-build-isolation` runs, minus pip.
+(cd "$stage/src" && "$PYTHON" -c 'import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])' \
+  "$wheel_dir") >&2
 
 log "building $HASHED from $site"
 pm build --network none "${limits[@]}" -f "$ROOT/backend_images/cpu/Containerfile" \
