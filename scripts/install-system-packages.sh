@@ -13,14 +13,17 @@
 #                                     prometheus package (the alert-rule tests)
 #
 # Split so that `make demo` never waits for a browser it does not start. Nothing is
-# installed when everything is already there.
+# installed when everything is already there. `--list` after the purpose prints what would be
+# installed (one line, maybe empty) and installs nothing.
 set -euo pipefail
 
 purpose="${1:-test}"
 case "$purpose" in
   demo|test) ;;
-  *) echo "usage: $0 [demo|test] (got '$purpose')" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo|test] [--list] (got '$purpose')" >&2; exit 2 ;;
 esac
+list_only=0
+[ "${2:-}" = "--list" ] && list_only=1
 
 missing=()
 compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || missing+=(postgresql)
@@ -33,6 +36,10 @@ if [ "$purpose" = test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
 fi
 
+if [ "$list_only" -eq 1 ]; then
+  echo "${missing[*]}"
+  exit 0
+fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
