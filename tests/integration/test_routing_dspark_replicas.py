@@ -32,8 +32,9 @@ pytestmark = pytest.mark.integration
 SILENCE_S = 15
 # How long a try may wait on a silent replica (routing/silence.py): twice the timeout (the replica
 # may have answered another request just before it went silent), then its health check (5 s),
-# plus 3 s for the server's event loop on this loaded 2-core machine.
-GIVE_UP_BOUND_S = 2 * SILENCE_S + 5 + 3
+# plus 5 s for the server's event loop, late under the soak on this loaded 2-core machine
+# (measured: 37.2 s, the logic's bound being 35 s).
+GIVE_UP_BOUND_S = 2 * SILENCE_S + 5 + 5
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     once saw a stand-in killed the easy way leave 2 connections open, and their requests waited
     for the client's 300 s timeout). Non-streamed: every one answered 200 (a request whose
     replica died goes to another); streamed: every one ends with [DONE] or the error event; no
-    try waited on the dead replica past the silence timeout and its health check; in-flight
+    try waited on the dead replica past twice the silence timeout and its health check; in-flight
     back to exactly 0; the server's memory back to its level after the first round; the routing
     tables bounded."""
     server, api, replicas, stand_ins = stack
@@ -166,7 +167,8 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     time.sleep(2)
     baseline = _server_rss_mib(server)
     killed_at, stop = [], threading.Event()
-    killer = threading.Thread(target=_freeze_when_busy, args=(stand_ins[1], 40, killed_at, stop), daemon=True)
+    # 20 in flight: mid-run even on a loaded machine (at 40 it was once never reached).
+    killer = threading.Thread(target=_freeze_when_busy, args=(stand_ins[1], 20, killed_at, stop), daemon=True)
     killer.start()
     started = time.monotonic()
     second = asyncio.run(_soak_round(server, api.api_key, 1000))
