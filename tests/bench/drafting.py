@@ -92,15 +92,16 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
     def metric_text() -> str:
         return httpx.get(f"{base_url}/metrics", timeout=10).text
 
-    text_before = metric_text()
-    before = spec_counters(text_before)
+    def forced_counts() -> Dict[str, int]:  # the layer's own counters (absent without the layer)
+        counters = (httpx.get(f"{base_url}/dspark/info", timeout=10).json().get("drafting") or {}).get("counters") or {}
+        return {what: counters.get(f"forced_{what}", 0) for what in ("accepted", "rejected")}
+
+    before, forced_before = spec_counters(metric_text()), forced_counts()
     stats = asyncio.run(run_load(base_url, bodies, concurrency,
                                  check=json_check(lambda v: jsonschema.validate(v, schema))))
-    text_after = metric_text()
-    after = spec_counters(text_after)
+    after, forced_after = spec_counters(metric_text()), forced_counts()
     spec = acceptance(before, after)
-    forced = {what: _metric(text_after, f"dspark_draft_forced_tokens_{what}_total")
-              - _metric(text_before, f"dspark_draft_forced_tokens_{what}_total") for what in ("accepted", "rejected")}
+    forced = {what: forced_after[what] - forced_before[what] for what in forced_after}
     reached = forced["accepted"] + forced["rejected"]
     accepted = spec["accepted"]
     tokens = stats.output_tokens
@@ -110,15 +111,6 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             "forced_acceptance": forced["accepted"] / reached if reached else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
             "format_errors": stats.format_errors, "failed": len(stats.results) - len(stats.ok)}
-
-
-def _metric(text: str, name: str) -> float:
-    """Sum of a counter's samples in a /metrics text (0 when absent)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:

@@ -278,12 +278,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         finally:
             replica.stop()
 
-    reference = chosen[0][0]
-    names = [reference + ", again"] + [name for name, _, _ in chosen[1:]]
+    names = [reference_name + ", again"] + [name for name, _, _ in chosen[1:]]
     for setting in settings:
-        print(f"\nchoice schema ({CHOICE_REPLIES} replies), {setting} {SETTINGS[setting]}, vs {reference}")
+        print(f"\nchoice schema ({CHOICE_REPLIES} replies), {setting} {SETTINGS[setting]}, vs {reference_name}")
         print(f"{'variant':50}{'chi2':>9}{'p':>9}{'TV':>7}{'TV 95% CI':>16}  most frequent (ref/variant)")
-        ref = replies[(reference, setting)]
+        ref = replies[(reference_name, setting)]
         for name in names:
             if (name, setting) not in replies:
                 continue
@@ -294,7 +293,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"  {Counter(ref)[top]}/{count} {top}")
         if not strings:
             continue
-        ref_seq = strings[(reference, setting)]
+        ref_seq = strings[(reference_name, setting)]
         prefix = common_prefix(ref_seq)
         print(f"\nstring field, token at each of the first {STRING_POSITIONS} positions after {prefix} "
               f"forced tokens, {setting}: p (TV) per position")
