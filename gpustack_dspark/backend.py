@@ -11,22 +11,26 @@ through the run command (`{{gpu_count}}`) and get GPUStack's own vLLM VRAM fit t
 `placement/gpustack_patches.py` (docs/architecture.md).
 
 The definition and the merge with what the database holds are pure; `register_backend`
-is the thin database glue that runs inside the GPUStack server.
+is the thin database glue that runs inside the GPUStack server, and `BackendRegistration`
+the plugin feature that runs it (a background task with retries: the database may not be
+ready when the plugin starts; the feature is `pending` until the row is written).
 """
 
+import asyncio
 import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from gpustack_dspark import knobs
+from gpustack_dspark.feature import Context, Feature, Report, Task
 from gpustack_dspark.settings import PluginSettings
 from gpustack_dspark.backend_ids import BACKEND_NAME, CPU_VERSION, CUDA_VERSION, HEALTH_CHECK_PATH
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKEND_NAME", "CPU_VERSION", "CUDA_VERSION", "HEALTH_CHECK_PATH", "desired_backend",
-           "merge_backend", "register_backend", "RegistrationResult"]
+           "merge_backend", "register_backend", "RegistrationResult", "BackendRegistration"]
 ENTRYPOINT = "dspark-serve"
 
 _COMMON_ARGS = "{{model_path}} --host {{worker_ip}} --port {{port}} --served-model-name {{model_name}}"
@@ -124,9 +128,11 @@ class RegistrationResult:
 
 async def register_backend(settings: PluginSettings) -> RegistrationResult:
     """Create or reconcile the DSpark backend row in GPUStack's database (server side)."""
-    from gpustack.schemas.inference_backend import InferenceBackend, VersionConfigDict
-    from gpustack.schemas.models import BackendSourceEnum
-    from gpustack.server.db import async_session
+    from gpustack_dspark import gpustack_seam as gs
+
+    InferenceBackend, VersionConfigDict, BackendSourceEnum = gs.InferenceBackend, gs.VersionConfigDict, \
+        gs.BackendSourceEnum
+    async_session = gs.async_session
 
     desired = desired_backend(settings)
     async with async_session() as session:
@@ -160,3 +166,50 @@ async def register_backend(settings: PluginSettings) -> RegistrationResult:
                                                            "default_version", "common_parameters")})
         logger.info("Updated the %s backend: %s", BACKEND_NAME, ", ".join(changed))
         return RegistrationResult(row.id, "updated", tuple(changed))
+
+
+REGISTRATION_ATTEMPTS = 6
+REGISTRATION_FIRST_DELAY_S = 1.0
+
+
+class BackendRegistration(Feature):
+    """`backend_registration`: the `DSpark-custom` row written once the server runs; what it
+    wrote (`info`) goes into the status's `backend` section."""
+
+    name = "backend_registration"
+
+    def __init__(self) -> None:
+        self.info: Dict[str, Any] = {"name": BACKEND_NAME}
+        self.settings: Optional[PluginSettings] = None
+        self.report: Optional[Report] = None
+
+    def start(self, ctx: Context) -> None:
+        from gpustack_dspark import gpustack_seam as gs
+
+        gs.require_feature(self.name)  # GPUStack lacks a shape the writes go through: no retry helps
+        self.settings, self.report = ctx.settings, ctx.report
+        return None  # pending until the task has written the row
+
+    def tasks(self) -> List[Task]:
+        return [self.registration_task]
+
+    async def registration_task(self) -> None:
+        delay = REGISTRATION_FIRST_DELAY_S
+        for attempt in range(1, REGISTRATION_ATTEMPTS + 1):
+            try:
+                result = await register_backend(self.settings)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                reason = f"registering the {BACKEND_NAME} backend failed: {type(e).__name__}: {e}"
+                if attempt == REGISTRATION_ATTEMPTS:
+                    logger.error("%s (gave up after %d attempts)", reason, attempt)
+                    self.report.off(reason)
+                    return
+                logger.warning("%s; retrying in %.1f s", reason, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+                continue
+            self.info.update(id=result.backend_id, last_registration=result.action)
+            self.report.on(action=result.action)
+            return

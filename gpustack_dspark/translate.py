@@ -7,14 +7,13 @@ read them in the startup line and in `/dspark/info`.
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError
 
 MIDDLEWARE = "gpustack_dspark.worker.middleware.DSparkMiddleware"
 DRAFTING_SCHEDULER = "gpustack_dspark.worker.drafting.scheduler.DSparkDraftingScheduler"
-DRAFTING_CONFIG_KEY = "dspark_drafting"
 # Base drafters whose drafts pass vLLM's scheduler (V1 runner, synchronous scheduling), where
 # the drafting layer can put grammar-forced tokens first.
 LAYER_METHODS = ("ngram", "suffix", "draft_model")
@@ -346,12 +345,44 @@ def tool_call_options(model: str, config: Mapping[str, Any], passthrough: Sequen
     return args, {"parser": parser, "auto_tool_choice": True, "source": "launcher", "reason": reason}
 
 
+# Verification that keeps the target model's output: greedy replies token for token, sampled
+# ones from the model's own distribution (docs/drafting.md). vLLM 0.33's "fly" (entropy-gated
+# deferred acceptance) is lossy by design, and "synthetic" accepts by a calibrated coin, not
+# the model: either would break that promise, so neither reaches vLLM.
+EXACT_REJECTION_METHODS = ("standard", "block")
+
+
+def refuse_lossy_verification(passthrough: Sequence[str]) -> None:
+    """A `rejection_sample_method` that is not exact, in the pass-through speculative config
+    (JSON or vLLM's dotted form), raises KnobError with one line."""
+    where = "--speculative-config rejection_sample_method"
+    values = []
+    for flag in ("--speculative-config", "-sc"):
+        given = _flag_value(passthrough, flag)
+        if given is None:
+            continue
+        try:
+            spec = json.loads(given)
+        except ValueError:
+            continue  # not JSON: vLLM's own parser words the problem
+        if isinstance(spec, dict) and "rejection_sample_method" in spec:
+            values.append(spec["rejection_sample_method"])
+    dotted = _flag_value(passthrough, "--speculative-config.rejection_sample_method")
+    if dotted is not None:
+        values.append(dotted)
+    for value in values:
+        if value not in EXACT_REJECTION_METHODS:
+            raise KnobError(where, value, "|".join(EXACT_REJECTION_METHODS),
+                            "lossy verification: replies would not be the model's own")
+
+
 def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
                 config: Optional[Mapping[str, Any]] = None, draft: Optional[Mapping[str, Any]] = None,
                 env: Environment = Environment(),
                 special_tokens: Optional[Collection[str]] = None) -> LaunchPlan:
     """Decide the vLLM argv. Raises KnobError with a one-line message for bad input."""
     config = config or {}
+    refuse_lossy_verification(passthrough)
     base = ["--model", model, *passthrough, "--middleware", MIDDLEWARE]
     if not knobs.enable:
         return LaunchPlan(vllm_argv=base, enabled=False)
@@ -461,6 +492,50 @@ def auto_length_problem(method: str, layer_mode: Optional[str], layer_reason: st
             f"here the layer is off: {layer_reason}")
 
 
+@dataclass(frozen=True)
+class DraftingConfig:
+    """The drafting layer's settings, the one contract between the launcher and the engine:
+    written here into vLLM's `--additional-config` under `KEY` (`as_json`), read in the engine
+    process by the layer's scheduler (`from_vllm`). Only what differs from the read side's
+    defaults is written, so the argv stays as short as it was."""
+
+    KEY: ClassVar[str] = "dspark_drafting"
+
+    mode: str = "forced+statistical"
+    """Which tokens the layer drafts: "forced", "statistical" or "forced+statistical"."""
+    threshold: float = 0.0
+    """The cut on cumulative draft confidence (statistical tokens only)."""
+    length: int = 0
+    """The most draft tokens a step (0 when read: the speculative config's num_speculative_tokens)."""
+    budget: bool = False
+    """The per-step speculation budget (`--dspark-speculative-length auto`)."""
+    engines: Tuple[str, ...] = ()
+    """Both grammar engines in one manager (worker/drafting/engines.py) when two are named."""
+    base_method: Optional[str] = None
+    """The speculative method under the layer (read side: the speculative config's method)."""
+    shared_history: int = 256
+    """Recent outputs the n-gram index keeps across requests."""
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"mode": self.mode, "threshold": self.threshold, "length": self.length,
+                **({"budget": True} if self.budget else {}),
+                # both engines in the one manager, with compact whitespace
+                **({"engines": list(self.engines)} if len(self.engines) > 1 else {})}
+
+    @classmethod
+    def from_vllm(cls, additional_config: Optional[Mapping[str, Any]], speculative_config: Any) -> "DraftingConfig":
+        given = dict((additional_config or {}).get(cls.KEY) or {})
+        spec = speculative_config
+        return cls(mode=given.get("mode", cls.mode), threshold=float(given.get("threshold", cls.threshold)),
+                   length=int(given.get("length", spec.num_speculative_tokens if spec else 0)),
+                   budget=bool(given.get("budget", False)), engines=tuple(given.get("engines", ())),
+                   base_method=given.get("base_method", spec.method if spec else None),
+                   shared_history=int(given.get("shared_history", cls.shared_history)))
+
+
+DRAFTING_CONFIG_KEY = DraftingConfig.KEY
+
+
 def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str],
                   budget: bool = False, engines: Sequence[str] = ()) -> List[str]:
     """The vLLM arguments that load the layer: our scheduler class, synchronous scheduling (the
@@ -474,10 +549,8 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
             raise KnobError("--additional-config", given, "a JSON object", e.problem) from None
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
-    extra[DRAFTING_CONFIG_KEY] = {"mode": mode, "threshold": threshold, "length": length,
-                                  **({"budget": True} if budget else {}),
-                                  # both engines in the one manager, with compact whitespace
-                                  **({"engines": list(engines)} if len(engines) > 1 else {})}
+    extra[DraftingConfig.KEY] = DraftingConfig(mode=mode, threshold=threshold, length=length, budget=budget,
+                                               engines=tuple(engines)).as_json()
     return ["--scheduler-cls", DRAFTING_SCHEDULER, "--no-async-scheduling",
             "--additional-config", json.dumps(extra, separators=(",", ":"))]
 

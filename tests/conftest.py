@@ -101,3 +101,11 @@ def cpu_worker_factory(tmp_path) -> Iterator[Callable[..., GPUStackWorker]]:
     yield make
     for worker in workers:
         worker.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s two workers schedule by module and group (tests/xdist_groups.py)."""
+    from tests.xdist_groups import make_scheduler
+
+    return make_scheduler(config, log)

@@ -13,69 +13,33 @@
    restart of such an instance is not applied until the model changes
    (`admission/start_failure.py`).
 
-Each patch checks the GPUStack version and the exact shape of what it replaces; on a mismatch
+Each patch checks the GPUStack version and the exact shape of what it replaces (the GPUStack
+seam, `gpustack_seam/shapes.py`); on a mismatch
 nothing is applied and the reason is reported. Any error inside our code is logged and GPUStack
 goes on as if the plugin were not there.
 """
 
-import inspect
 import logging
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Optional
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark.admission import check, start_failure
 from gpustack_dspark.backend_ids import BACKEND_NAME
-from gpustack_dspark.versions import check_gpustack
+from gpustack_dspark.gpustack_seam import PatchResult, SeamMismatch
 
 logger = logging.getLogger(__name__)
 
-EXPECTED_VALIDATE_PARAMS = ["session", "model_in", "cluster_id", "stored"]
-EXPECTED_UPDATE_PARAMS = ["self", "model_instance", "source"]
-EXPECTED_LOG_PARAMS = ["model_instance", "tail", "follow", "previous", "container_name", "offset", "limit"]
-_PATCH_MARK = "_dspark_admission"
 LOG_TAIL_LINES = 200
 LOG_TIMEOUT_S = 5.0
 
-
-@dataclass(frozen=True)
-class PatchResult:
-    applied: bool
-    reason: str = ""
-
-
-def _params(function) -> List[str]:
-    return list(inspect.signature(function).parameters)
-
-
-def _target(module_name: str, attr: str, expected: Optional[List[str]]):
-    """(module, the current attribute, None) or (None, None, why it cannot be patched).
-    An attribute already patched comes back as (module, it, PatchResult(True))."""
-    import importlib
-
-    version = check_gpustack()
-    if not version.ok:
-        return None, None, PatchResult(False, version.reason)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        return None, None, PatchResult(False, f"{module_name} is not importable: {e}")
-    current = getattr(module, attr, None)
-    if current is None:
-        return None, None, PatchResult(False, f"{module_name}.{attr} is missing")
-    if getattr(current, _PATCH_MARK, False):
-        return module, current, PatchResult(True)
-    function = current.update if isinstance(current, type) else current
-    if expected is not None and _params(function) != expected:
-        return None, None, PatchResult(False, f"{module_name}.{attr} takes {_params(function)}, expected {expected}")
-    return module, current, None
+__all__ = ["PatchResult", "refuse_bad_knobs", "bound_import_documents", "explain_start_failures"]
 
 
 # --- 1. the knob check in validate_model_in ----------------------------------------------
 
 def _judge(model_in: Any, stored: Any) -> Optional[str]:
     """The refusal message for this write, or None."""
-    from gpustack.utils.command import flatten_to_argv
-
+    flatten_to_argv = gs.flatten_to_argv
     backend = getattr(model_in, "backend", None)
     if backend != BACKEND_NAME:
         return None
@@ -102,7 +66,7 @@ def _spec_changed(model_in: Any, stored: Any) -> bool:
 
 
 def _wrap_validate(original):
-    from gpustack.api.exceptions import BadRequestException
+    BadRequestException = gs.BadRequestException
 
     async def validate_model_in(session, model_in, *, cluster_id=None, stored=None):
         try:
@@ -118,23 +82,22 @@ def _wrap_validate(original):
             _spawn(_held_release(stored.id))  # once the change is committed, held replicas try again
         return result
 
-    validate_model_in.__wrapped__ = original
-    setattr(validate_model_in, _PATCH_MARK, True)
-    return validate_model_in
+    return gs.wrap(original, validate_model_in)
 
 
 def refuse_bad_knobs() -> PatchResult:
-    model_routes, original, done = _target("gpustack.routes.models", "validate_model_in", EXPECTED_VALIDATE_PARAMS)
-    if done is not None:
-        return done
-    evaluator, bound, done = _target("gpustack.scheduler.evaluator", "validate_model_in", None)
-    if done is not None:
-        return done
+    try:
+        model_routes, original = gs.target("routes.models.validate_model_in")
+        if gs.is_patched(original):
+            return PatchResult(True)
+        evaluator, bound = gs.target("evaluator.validate_model_in")
+        if gs.is_patched(bound):
+            return PatchResult(True)
+        gs.require("flatten_to_argv", "BadRequestException")
+    except SeamMismatch as e:
+        return PatchResult(False, str(e))
     if bound is not original:
         return PatchResult(False, "gpustack.scheduler.evaluator.validate_model_in is not the routes' function")
-    _, _, done = _target("gpustack.utils.command", "flatten_to_argv", ["parameters"])
-    if done is not None and not done.applied:
-        return done
     wrapped = _wrap_validate(original)
     model_routes.validate_model_in = wrapped
     evaluator.validate_model_in = wrapped
@@ -157,15 +120,16 @@ def _wrap_load_deployments(original):
             pass  # a syntax error: GPUStack's own parser words it
         return original(text)
 
-    load_deployments.__wrapped__ = original
-    setattr(load_deployments, _PATCH_MARK, True)
-    return load_deployments
+    return gs.wrap(original, load_deployments)
 
 
 def bound_import_documents() -> PatchResult:
-    model_routes, original, done = _target("gpustack.routes.models", "load_deployments", ["text"])
-    if done is not None:
-        return done
+    try:
+        model_routes, original = gs.target("routes.models.load_deployments")
+    except SeamMismatch as e:
+        return PatchResult(False, str(e))
+    if gs.is_patched(original):
+        return PatchResult(True)
     model_routes.load_deployments = _wrap_load_deployments(original)
     return PatchResult(True)
 
@@ -179,10 +143,9 @@ def _state(value: Any) -> str:
 async def _read_log_tail(app, session, instance, build_params) -> str:
     """The instance's log tail, through its worker as GPUStack's log API reads it."""
     import aiohttp
-    from gpustack.schemas.workers import Worker
-    from gpustack.server.worker_request import request_to_worker
 
-    worker = await Worker.one_by_id(session, instance.worker_id)
+    request_to_worker = gs.request_to_worker
+    worker = await gs.Worker.one_by_id(session, instance.worker_id)
     if worker is None:
         raise RuntimeError(f"worker {instance.worker_id} not found")
     params = build_params(instance, tail=LOG_TAIL_LINES, follow=False, previous=False)
@@ -214,9 +177,7 @@ async def _explain_later(app, base, build_params, instance_id: int, runtime_mess
     log may lag the exit). Writes only while the instance still holds the pending message."""
     import asyncio
 
-    from gpustack.schemas.models import ModelInstance
-    from gpustack.server.db import async_session
-
+    ModelInstance, async_session = gs.ModelInstance, gs.async_session
     problem = "no '<program>: error:' line in its last lines"
     for attempt in range(1, 4):
         await asyncio.sleep(0.5 * attempt)
@@ -286,17 +247,18 @@ def _service_class(base, app, build_params):
             return False
 
     DSparkModelInstanceService.__name__ = "ModelInstanceService"
-    setattr(DSparkModelInstanceService, _PATCH_MARK, True)
-    return DSparkModelInstanceService
+    return gs.wrap(base, DSparkModelInstanceService)
 
 
 def explain_start_failures(app) -> PatchResult:
-    routes, base, done = _target("gpustack.routes.model_instances", "ModelInstanceService", EXPECTED_UPDATE_PARAMS)
-    if done is not None:
-        return done
-    _, build_params, done = _target("gpustack.routes.model_instances", "_build_serve_log_params", EXPECTED_LOG_PARAMS)
-    if done is not None:
-        return done
+    try:
+        routes, base = gs.target("routes.model_instances.ModelInstanceService")
+        if gs.is_patched(base):
+            return PatchResult(True)
+        _, build_params = gs.target("routes.model_instances._build_serve_log_params")
+        gs.require("request_to_worker", "Worker", "ModelInstance", "Model", "ModelInstanceStateEnum", "async_session")
+    except SeamMismatch as e:
+        return PatchResult(False, str(e))
     global _held_release
     routes.ModelInstanceService = _service_class(base, app, build_params)
     _held_release = lambda model_id: _release_held(base, model_id)  # noqa: E731
@@ -310,9 +272,8 @@ async def _release_held(base, model_id: int) -> None:
     import asyncio
     from datetime import datetime, timezone
 
-    from gpustack.schemas.models import Model, ModelInstance, ModelInstanceStateEnum
-    from gpustack.server.db import async_session
-
+    Model, ModelInstance, async_session = gs.Model, gs.ModelInstance, gs.async_session
+    ModelInstanceStateEnum = gs.ModelInstanceStateEnum
     for attempt in range(1, 6):
         await asyncio.sleep(1.0 * attempt)
         try:

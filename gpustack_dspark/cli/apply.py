@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
+from gpustack_dspark.backend_ids import sparse_model_update
 from gpustack_dspark.cli import modeldoc, plan, wait
 from gpustack_dspark.cli.client import CLIError
 from gpustack_dspark.cli.errors import BadInput
@@ -92,7 +93,7 @@ def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.S
             model = api.model(step.name)
             if model is None:
                 raise CLIError(f"model {step.name} disappeared while applying")
-            api.request("PUT", f"/v2/models/{model['id']}", json=_put_body(model, plan.sparse_update(step.changes)))
+            api.request("PUT", f"/v2/models/{model['id']}", json=sparse_model_update(model, plan.sparse_update(step.changes)))
             done.append((model["id"], step))
         if imported:
             api.import_documents(render([docs[s.index - 1] for s in imported]), dry_run=False,
@@ -106,22 +107,12 @@ def write(api: ModelsAPI, docs: List[modeldoc.ModelDocument], steps: List[plan.S
         raise CLIError(f"{e}\nnothing was applied" + (f" (rolled back: {', '.join(undone)})" if undone else "")) from None
 
 
-def _put_body(model: Dict, changes: Dict) -> Dict:
-    # GPUStack's update schema requires the name and the source; everything else not sent
-    # is left as it is (a sparse update).
-    # `backend` too: without it GPUStack's model validator re-derives
-    # distributed_inference_across_workers as for its default backend and writes that.
-    keep = ("name", "source", "backend", "distributed_inference_across_workers", "huggingface_repo_id",
-            "huggingface_filename", "model_scope_model_id", "model_scope_file_path", "local_path")
-    return {**{k: model[k] for k in keep if model.get(k) is not None}, **changes}
-
-
 def _roll_back(api: ModelsAPI, done: List[Tuple[int, plan.Step]]) -> List[str]:
     undone = []
     for model_id, step in reversed(done):
         try:
             model = api.request("GET", f"/v2/models/{model_id}")
-            api.request("PUT", f"/v2/models/{model_id}", json=_put_body(model, plan.sparse_update(step.changes, False)))
+            api.request("PUT", f"/v2/models/{model_id}", json=sparse_model_update(model, plan.sparse_update(step.changes, False)))
             undone.append(step.name)
         except CLIError:
             pass

@@ -25,7 +25,7 @@ import httpx
 from gpustack_dspark import backend_ids
 from gpustack_dspark.backend_ids import replica_info, replica_url
 from gpustack_dspark.bench import sweep
-from gpustack_dspark.cli.apply import _put_body
+from gpustack_dspark.backend_ids import sparse_model_update
 from gpustack_dspark.cli.client import CLIError
 from gpustack_dspark.cli.errors import BadInput
 from gpustack_dspark.cli.models_api import ModelsAPI
@@ -76,7 +76,7 @@ class Deployment:
         """The sparse update `apply` makes; a refusal (GPUStack's or the plugin's) is the error."""
         model = self.api.request("GET", f"/v2/models/{self.model['id']}")
         self.api.request("PUT", f"/v2/models/{self.model['id']}",
-                         json=_put_body(model, {"backend_parameters": backend_parameters}))
+                         json=sparse_model_update(model, {"backend_parameters": backend_parameters}))
 
     def parameters_now(self) -> List[str]:
         model = self.api.request("GET", f"/v2/models/{self.model['id']}")

@@ -1,7 +1,7 @@
 """Glue: a console change applied to a running deployment.
 
 1. The model update is the one `gpustack-dspark apply` makes for a running deployment: a
-   sparse `PUT /v2/models/{id}` (`cli/apply._put_body`) on GPUStack's own API, with the
+   sparse `PUT /v2/models/{id}` (`backend_ids.sparse_model_update`) on GPUStack's own API, with the
    caller's own credentials, so GPUStack's validation and the plugin's knob check
    (`admission/`) judge it exactly as they judge the CLI. A refusal comes back as it is.
 2. Then a rolling restart (`rollout.next_step`): one old replica deleted at a time (GPUStack
@@ -14,7 +14,8 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
-from gpustack_dspark.cli.apply import _put_body
+from gpustack_dspark import gpustack_seam as gs
+from gpustack_dspark.backend_ids import sparse_model_update
 from gpustack_dspark.console import rollout
 from gpustack_dspark.console.sampler import read_deployments, read_replica
 
@@ -38,7 +39,7 @@ async def put_backend_parameters(base_url: str, headers: Mapping[str, str], mode
     auth = {k: v for k, v in headers.items() if k.lower() in CREDENTIAL_HEADERS}
     async with httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False, headers=auth) as client:
         r = await client.put(f"/v2/models/{model['id']}",
-                             json=_put_body(model, {"backend_parameters": backend_parameters}))
+                             json=sparse_model_update(model, {"backend_parameters": backend_parameters}))
     if r.status_code >= 400:
         try:
             message = r.json().get("message") or r.text
@@ -112,12 +113,8 @@ class Rollouts:
 
     @staticmethod
     async def _delete_instance(instance_id: int) -> None:
-        from gpustack.schemas.models import ModelInstance
-        from gpustack.server.db import async_session
-        from gpustack.server.services import ModelInstanceService
-
-        async with async_session() as session:
-            instance = await ModelInstance.one_by_id(session, instance_id)
+        async with gs.async_session() as session:
+            instance = await gs.ModelInstance.one_by_id(session, instance_id)
             if instance is not None:
-                await ModelInstanceService(session).delete(instance)
+                await gs.ModelInstanceService(session).delete(instance)
         logger.info("DSpark rolling change: restarted instance %s", instance_id)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Optional
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark.console.editor import EDITABLE, edit_knobs
 from gpustack_dspark.console import rollout
 from gpustack_dspark.console.rolling import GPUStackRefused, Rollouts, put_backend_parameters, replicas_now
@@ -56,7 +57,8 @@ BAD_BODY = ("body: expected {\"knobs\": {FLAG: value or null}}; editable flags: 
 
 def build_console_router(sampler: ConsoleSampler, rollouts: Rollouts,
                          features: Callable[[], Dict[str, Any]]) -> APIRouter:
-    from gpustack.api.auth import SESSION_COOKIE_NAME, authenticate_request, get_admin_user, get_current_user
+    SESSION_COOKIE_NAME, authenticate_request = gs.SESSION_COOKIE_NAME, gs.authenticate_request
+    get_admin_user, get_current_user = gs.get_admin_user, gs.get_current_user
 
     router = APIRouter()
 

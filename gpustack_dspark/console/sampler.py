@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark import backend_ids
 from gpustack_dspark.backend_ids import replica_url
 from gpustack_dspark.console import figures, view
@@ -28,8 +29,7 @@ async def read_deployments() -> List[Tuple[Dict[str, Any], List[Dict[str, Any]]]
     """The DSpark models (not deleted) with their instances, as JSON-able dicts."""
     from sqlmodel import col, select
 
-    from gpustack.schemas.models import Model, ModelInstance
-    from gpustack.server.db import async_session
+    Model, ModelInstance, async_session = gs.Model, gs.ModelInstance, gs.async_session
 
     out = []
     async with async_session() as session:

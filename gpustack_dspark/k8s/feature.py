@@ -1,4 +1,5 @@
-"""The node-label sync as the plugin sees it: start it, run its task, report it.
+"""The node-label sync as the plugin sees it (`NodeLabelSyncFeature`): start it, run its task,
+report it.
 
 Off unless `--dspark-node-label-sync-selector` is given. A kubeconfig (or in-cluster
 config) that cannot be loaded turns off this feature only. Once running, nothing raises
@@ -11,8 +12,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from gpustack_dspark import gpustack_seam as gs
+from gpustack_dspark.feature import Context, Feature, FeatureOff, On, Report as FeatureReport, Task, TurnedOff
 from gpustack_dspark.k8s import node_watch, gpustack_writes
 from gpustack_dspark.k8s.node_labels import MARKER_KEY, NodeView, plan_labels
 from gpustack_dspark.labels import parse_selector
@@ -165,3 +168,44 @@ class NodeLabelSync:
             "recent_changes": list(self.history),
             "database_error": self.db_error,
         }
+
+
+class NodeLabelSyncFeature(Feature):
+    """`node_label_sync`: off unless a selector is configured; its section of the status is the
+    running sync's (None while off)."""
+
+    name = "node_label_sync"
+    section = "node_label_sync"
+
+    def __init__(self) -> None:
+        self.sync: Optional[NodeLabelSync] = None
+        self.report: Optional[FeatureReport] = None
+
+    def start(self, ctx: Context) -> On:
+        settings = ctx.settings
+        selector = settings.node_label_sync_selector
+        if not selector:
+            raise TurnedOff("not configured (--dspark-node-label-sync-selector)")
+        sync = NodeLabelSync(selector, settings.node_label_sync_kubeconfig, settings.json_label, ctx.report.on)
+        try:  # a bad selector or kubeconfig, a GPUStack without what the sync writes through
+            gs.require_feature(self.name)
+            sync.start()
+        except Exception as e:
+            raise FeatureOff(str(e), selector=selector) from e
+        self.sync, self.report = sync, ctx.report
+        return On({"selector": selector}, reason="starting")
+
+    def tasks(self) -> List[Task]:
+        return [self.run_node_label_sync]
+
+    async def run_node_label_sync(self) -> None:
+        try:
+            await self.sync.task()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in the sync: this feature off, the server unaffected
+            logger.exception("DSpark node-label sync stopped")
+            self.report.off(f"stopped: {type(e).__name__}: {e}")
+
+    def status(self) -> Optional[Dict[str, Any]]:
+        return self.sync.status() if self.sync else None

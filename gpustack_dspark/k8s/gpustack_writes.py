@@ -11,6 +11,7 @@ changed between our read and our write is judged as it is now.
 import logging
 from typing import List, Optional, Sequence, Tuple
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark.k8s.node_labels import WorkerLabels, plan_labels
 
 logger = logging.getLogger(__name__)
@@ -23,10 +24,8 @@ MYSQL_LOCK_NAME = "gpustack-dspark-node-label-sync"
 async def read_workers() -> List[WorkerLabels]:
     from sqlmodel import select
 
-    from gpustack.schemas.workers import Worker
-    from gpustack.server.db import async_session
-
-    async with async_session() as session:
+    Worker = gs.Worker
+    async with gs.async_session() as session:
         result = await session.exec(select(Worker).where(Worker.deleted_at.is_(None)))
         return [WorkerLabels(w.id, w.name, dict(w.labels or {})) for w in result.all()]
 
@@ -34,13 +33,10 @@ async def read_workers() -> List[WorkerLabels]:
 async def apply_plan(matching: frozenset, worker_ids: Sequence[int], json_label: Tuple[str, str]) -> List[str]:
     """Re-plan the given workers under row locks and write what changed; returns the names
     of the workers written."""
-    from gpustack.server.db import async_session
-    from gpustack.server.services import WorkerService
-
     if not worker_ids:
         return []
-    async with async_session() as session:
-        service = WorkerService(session)
+    async with gs.async_session() as session:
+        service = gs.WorkerService(session)
         rows = await service.get_workers_for_update(sorted(set(worker_ids)))
         plan = plan_labels(matching, [WorkerLabels(w.id, w.name, dict(w.labels or {})) for w in rows], json_label)
         by_id = {c.worker_id: c for c in plan.changes}
@@ -72,8 +68,7 @@ class WriterGuard:
     async def acquire(self) -> bool:
         from sqlalchemy import text
 
-        from gpustack.server import db
-
+        db = gs.db
         if self.held and await self._alive():
             return True
         await self.release()

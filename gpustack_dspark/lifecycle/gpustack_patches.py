@@ -1,7 +1,7 @@
 """Glue: re-announce DSpark instances that stay STARTING (missed_start.py says why and when).
 
-GPUStack internals used, checked by `check()` when the plugin starts (the feature is off with
-the reason when any is missing):
+GPUStack internals used (the GPUStack seam's `NEEDS["missed_start_repair"]`), checked by
+`check()` when the plugin starts (the feature is off with the reason when any is missing):
 - `gpustack.worker.backends.base.InferenceServer._until_model_instance_starting`: the watch
   that can miss the event;
 - `gpustack.server.services.ModelInstanceService.update`: saving the row, which publishes
@@ -15,6 +15,7 @@ import time
 from typing import Callable, List, Optional
 
 from gpustack_dspark import backend_ids
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark.lifecycle.missed_start import INTERVAL_S, MissedStart, starting_ids
 
 logger = logging.getLogger(__name__)
@@ -22,31 +23,14 @@ logger = logging.getLogger(__name__)
 
 def check() -> List[str]:
     """What this repair needs from GPUStack that is missing (empty: all there)."""
-    problems = []
-    try:
-        from gpustack.worker.backends.base import InferenceServer
-
-        if not hasattr(InferenceServer, "_until_model_instance_starting"):
-            problems.append("InferenceServer._until_model_instance_starting is gone (the race may be fixed)")
-        from gpustack.schemas.models import Model, ModelInstance
-        from gpustack.server.services import ModelInstanceService
-
-        for owner, name in ((ModelInstanceService, "update"), (ModelInstance, "all_by_field"), (Model, "one_by_id")):
-            if not hasattr(owner, name):
-                problems.append(f"{owner.__name__}.{name} is missing")
-    except ImportError as e:
-        problems.append(f"cannot import {e.name}")
-    return problems
+    return gs.problems(*gs.NEEDS["missed_start_repair"])
 
 
 async def pass_once(tracker: MissedStart) -> List[int]:
     """One pass: the DSpark instances STARTING now, re-announced where due. Returns those."""
-    from gpustack.schemas.models import Model, ModelInstance, ModelInstanceStateEnum
-    from gpustack.server.db import async_session
-    from gpustack.server.services import ModelInstanceService
-
-    async with async_session() as session:
-        instances = await ModelInstance.all_by_field(session, "state", ModelInstanceStateEnum.STARTING)
+    Model, ModelInstance, ModelInstanceService = gs.Model, gs.ModelInstance, gs.ModelInstanceService
+    async with gs.async_session() as session:
+        instances = await ModelInstance.all_by_field(session, "state", gs.ModelInstanceStateEnum.STARTING)
         backends = {}
         for instance in instances:
             if instance.model_id not in backends:

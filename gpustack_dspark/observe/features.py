@@ -1,7 +1,8 @@
 """Which plugin features are on, and why not when they are off.
 
 Every feature starts `pending`, ends `enabled` or `disabled` with a reason. A failure
-anywhere in the plugin lands here instead of reaching GPUStack.
+anywhere in the plugin lands here instead of reaching GPUStack. Each feature writes its own
+line through a `FeatureReport` (the `Report` of `gpustack_dspark/feature.py`).
 """
 
 import threading
@@ -50,6 +51,9 @@ class FeatureRegistry:
         with self._lock:
             self._features[name] = FeatureState(ENABLED, reason, detail)
 
+    def reporter(self, name: str) -> "FeatureReport":
+        return FeatureReport(self, name)
+
     def get(self, name: str) -> FeatureState:
         with self._lock:
             return self._features.get(name, FeatureState())
@@ -57,3 +61,17 @@ class FeatureRegistry:
     def snapshot(self) -> Dict[str, Dict[str, object]]:
         with self._lock:
             return {name: state.as_dict() for name, state in sorted(self._features.items())}
+
+
+class FeatureReport:
+    """One feature's line in the registry (`feature.Report`)."""
+
+    def __init__(self, registry: FeatureRegistry, name: str) -> None:
+        self.registry = registry
+        self.name = name
+
+    def on(self, reason: Optional[str] = None, **detail: object) -> None:
+        self.registry.running(self.name, reason, **detail)
+
+    def off(self, reason: str, **detail: object) -> None:
+        self.registry.disable(self.name, reason, **detail)

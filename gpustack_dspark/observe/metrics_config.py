@@ -12,6 +12,8 @@ So the plugin adds, to that one response, a `DSpark-custom` entry: vLLM's mappin
 replica is vLLM) plus the replica's `dspark_*` families under their own names. An entry the
 operator wrote for `DSpark-custom` in their custom file is left exactly as it is. The file on
 disk is never touched.
+
+`MetricsCollection` is the feature that mounts the rewrite on GPUStack's app.
 """
 
 import copy
@@ -23,6 +25,7 @@ from gpustack_dspark.asgi_rewrite import GetResponseRewrite, with_length
 
 from gpustack_dspark.drafting_metrics import BUDGET_GAUGES
 from gpustack_dspark.drafting_metrics import METRICS as DRAFTING_METRICS
+from gpustack_dspark.feature import Context, Feature, On
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +90,15 @@ class MetricsConfigMiddleware(GetResponseRewrite):
             logger.warning("DSpark could not add its runtime to GPUStack's metrics config: %s", e)
             return headers, body
         return with_length(headers, new_body), new_body
+
+
+class MetricsCollection(Feature):
+    name = "metrics_collection"
+    when_off = "GPUStack's workers will not scrape DSpark replicas"
+
+    def __init__(self, backend_name: str) -> None:
+        self.backend_name = backend_name
+
+    def start(self, ctx: Context) -> On:
+        ctx.app.add_middleware(MetricsConfigMiddleware, backend_name=self.backend_name)
+        return On({"runtime": self.backend_name})

@@ -10,6 +10,7 @@ instance's `state_message` ("No suitable workers. Details: ...").
 import logging
 from typing import Awaitable, Callable, Optional
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark.placement.policy import (
     ISOLATED,
     JSON_ONLY,
@@ -25,9 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 async def _cluster_name(session, cluster_id: Optional[int]) -> Optional[str]:
-    from gpustack.schemas.clusters import Cluster
-
-    cluster = await Cluster.one_by_id(session, cluster_id)
+    cluster = await gs.Cluster.one_by_id(session, cluster_id)
     return getattr(cluster, "name", None)
 
 

@@ -1,8 +1,9 @@
-"""The routing feature as the plugin sees it: start it, run its task, report it.
+"""Routing as the plugin sees it: two features, `routing` and `routing_gateway_routes`.
 
 Fail-closed at every step: a bad policy file, a GPUStack whose proxy does not have the
 expected shape, or a middleware that cannot be mounted leaves GPUStack's stock routing in
-place and says why in the status.
+place and says why in the status. The gateway routes' least-load needs routing (its policy)
+and is its own feature: GPUStack's route plugins can be missing while the proxy is fine.
 """
 
 import asyncio
@@ -11,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from gpustack_dspark import gpustack_seam as gs
+from gpustack_dspark.feature import Context, Feature, FeatureOff, On, Task, TurnedOff
 from gpustack_dspark.observe.gc_pauses import GcPauses
 from gpustack_dspark.routing import gateway_sync, metrics
 from gpustack_dspark.routing.format_middleware import FormatCheckMiddleware, FormatStats
@@ -42,7 +45,14 @@ def policy_path(policy_dir: Optional[str] = None) -> Optional[Path]:
     return Path(configured) if configured else None
 
 
-class RoutingFeature:
+class RoutingFeature(Feature):
+    """`routing`: the proxy's hooks (expected finish time, JSON-aware targets, one retry, ...),
+    the in-flight slot and the JSON format check; this feature's section of the status."""
+
+    name = "routing"
+    section = "routing"
+    when_off = "GPUStack's round-robin proxy stays"
+
     def __init__(self) -> None:
         self.tracker = InFlightTracker()
         self.stats = RoutingStats()
@@ -53,7 +63,17 @@ class RoutingFeature:
         self.gateway_last: Dict[str, Any] = {"passes": 0, "changed_routes": [], "error": None}
         self.gc = GcPauses()
 
-    def start(self, app, policy_dir: Optional[str] = None) -> None:
+    def start(self, ctx: Context) -> On:
+        try:
+            self.apply(ctx.app, ctx.settings.policy_dir)
+        except ValueError as e:  # PolicyError: a bad policy file, in its own words
+            raise FeatureOff(str(e)) from e
+        return On({"hooks": list(self.hooks)})
+
+    def tasks(self) -> List[Task]:
+        return [self.gc_freeze_task] if self.policy.proxy.gc_freeze else []
+
+    def apply(self, app, policy_dir: Optional[str] = None) -> None:
         """Raises PolicyError / RuntimeError with the reason routing stays stock."""
         path = policy_path(policy_dir)
         if path is not None:
@@ -78,9 +98,6 @@ class RoutingFeature:
     async def gc_freeze_task(self) -> None:
         """`proxy.gc_freeze: true`: freeze what startup left alive (see observe/gc_pauses.py)."""
         await self.gc.freeze_after_startup()
-
-    def start_gateway(self) -> None:
-        gateway_sync.register_marker_owner()
 
     async def gateway_task(self) -> None:
         """Keep DSpark routes in the gateway shape; never raises out (errors are reported)."""
@@ -128,4 +145,25 @@ class RoutingFeature:
         }
 
 
-__all__ = ["RoutingFeature", "PolicyError", "POLICY_ENV"]
+class GatewayRoutes(Feature):
+    """`routing_gateway_routes`: DSpark routes' least-load through GPUStack's route plugins
+    (Higress), kept in shape by a task; its passes show in the routing section."""
+
+    name = "routing_gateway_routes"
+    requires = ("routing",)
+
+    def __init__(self, routing: RoutingFeature) -> None:
+        self.routing = routing
+
+    def start(self, ctx: Context) -> On:
+        if not self.routing.policy.gateway.least_load:
+            raise TurnedOff("turned off by gateway.least_load=false in the routing policy")
+        gs.require_feature(self.name)
+        gateway_sync.register_marker_owner()
+        return On()
+
+    def tasks(self) -> List[Task]:
+        return [self.routing.gateway_task]
+
+
+__all__ = ["RoutingFeature", "GatewayRoutes", "PolicyError", "POLICY_ENV"]

@@ -9,6 +9,7 @@ the stored configuration is simply ready for when it is turned on.
 import logging
 from typing import Dict, List
 
+from gpustack_dspark import gpustack_seam as gs
 from gpustack_dspark import backend
 from gpustack_dspark.routing.gateway import MARKER_KEY, plan_route
 from gpustack_dspark.routing.policy import GatewayPolicy
@@ -19,26 +20,21 @@ logger = logging.getLogger(__name__)
 def register_marker_owner() -> None:
     """Own `route.meta["dspark-routing"]` as a route plugin so GPUStack's model-metadata
     sync keeps it and API responses hide it. Idempotent."""
-    from gpustack.routes.plugins import RoutePlugin, get_route_plugin, register_route_plugin
-
-    if get_route_plugin(MARKER_KEY) is not None:
+    if gs.get_route_plugin(MARKER_KEY) is not None:
         return
 
-    class DSparkRoutingMarker(RoutePlugin):
+    class DSparkRoutingMarker(gs.RoutePlugin):
         name = MARKER_KEY  # no RouteExtension: no API section, no hooks, meta only
 
-    register_route_plugin(DSparkRoutingMarker())
+    gs.register_route_plugin(DSparkRoutingMarker())
 
 
 async def sync_dspark_routes(policy: GatewayPolicy) -> List[Dict[str, object]]:
     """One pass over the routes that have a DSpark target; returns what changed."""
     from sqlmodel import col, select
 
-    from gpustack.routes.plugins import enrich_routes, get_route_plugin
-    from gpustack.routes.plugins.lb.plugin import lb_plugin
-    from gpustack.schemas.model_routes import ModelRoute, ModelRouteTarget
-    from gpustack.schemas.models import Model
-    from gpustack.server.db import async_session
+    enrich_routes, get_route_plugin, lb_plugin = gs.enrich_routes, gs.get_route_plugin, gs.lb_plugin
+    ModelRoute, ModelRouteTarget, Model, async_session = gs.ModelRoute, gs.ModelRouteTarget, gs.Model, gs.async_session
 
     least_load = get_route_plugin("least-load")
     session_affinity = get_route_plugin("session-affinity")

@@ -20,41 +20,31 @@ the instance's worker once. The hooks, all on that module only:
   content type.
 
 Each hook is its own unit below (a factory taking what it wraps and a `_Context`);
-`apply_routing_hooks` checks, builds and installs them. Each hook checks the GPUStack version and the exact shape of what it wraps; on any
+`apply_routing_hooks` checks, builds and installs them. Each hook checks the GPUStack version and the exact shape of what it wraps
+(the GPUStack seam: `gpustack_seam/shapes.py`, the feature `routing`); on any
 mismatch nothing is applied and the reason is returned, and GPUStack proxies as it
 always did. Everything acts only inside a request slot set by `middleware.py`.
 """
 
 import asyncio
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpustack_dspark import backend
+from gpustack_dspark import gpustack_seam as seam
+from gpustack_dspark.gpustack_seam import PatchResult
 from gpustack_dspark.routing import retry, silence, stream_end, targets, upstream_status
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.speed import LEAST_CONNECTIONS, ROUND_ROBIN
 from gpustack_dspark.routing.intent import has_json_intent, requested_schema
 from gpustack_dspark.routing.policy import RoutingPolicy
-from gpustack_dspark.versions import check_gpustack
 
 logger = logging.getLogger(__name__)
 
 _MARK = "_dspark_routing"
-
-EXPECTED_PARAMS = {
-    "parse_request_body": ["request"],
-    "request_to_worker": ["worker", "method", "path", "proxy_client", "no_proxy_client", "params", "data",
-                          "headers", "timeout", "raise_on_error"],
-    "resolve_route_targets": ["self", "name"],
-    "get_running_instance": ["session", "model", "overridden_model_name"],
-    "select_instance": ["self", "instances"],
-    "_stream_response": ["worker", "method", "path", "headers", "data", "proxy_client", "no_proxy_client"],
-}
-
 
 @dataclass
 class RoutingStats:
@@ -81,25 +71,7 @@ class RoutingStats:
         self.statuses[key] = self.statuses.get(key, 0) + 1
 
 
-@dataclass
-class RoutingHooks:
-    applied: bool
-    reason: str = ""
-    hooks: List[str] = field(default_factory=list)
-
-
-def _params(function: Callable) -> Optional[List[str]]:
-    try:
-        return list(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return None
-
-
-def _shape_problem(name: str, function: Callable) -> Optional[str]:
-    params = _params(function)
-    if params != EXPECTED_PARAMS[name]:
-        return f"gpustack.routes.openai {name} takes {params}, expected {EXPECTED_PARAMS[name]}"
-    return None
+RoutingHooks = PatchResult  # applied, or why not; the hooks put in place
 
 
 def release_slot(tracker: InFlightTracker, slot: RequestSlot) -> None:
@@ -542,54 +514,21 @@ def request_to_worker_hook(original: Callable, ctx: _Context) -> Callable:
     return request_to_worker
 
 
-def _import_gpustack() -> Dict[str, Any]:
-    from gpustack.api.exceptions import BadRequestException
-    from gpustack.gateway.utils import model_instance_prefix, router_header_key
-    from gpustack.http_proxy.strategies import LoadBalancingStrategy
-    from gpustack.routes import openai
-    from gpustack.server.db import async_session
-    from gpustack.server.services import ModelService, WorkerService
-
-    return dict(BadRequestException=BadRequestException, model_instance_prefix=model_instance_prefix,
-                router_header_key=router_header_key, LoadBalancingStrategy=LoadBalancingStrategy, openai=openai,
-                async_session=async_session, ModelService=ModelService, WorkerService=WorkerService)
-
-
-def _check_shapes(openai, strategy_base) -> Optional[str]:
-    balancer = getattr(openai, "load_balancer", None)
-    route_service = getattr(openai, "ModelRouteService", None)
-    for name, present in (("load_balancer", balancer), ("ModelRouteService", route_service),
-                          ("parse_request_body", getattr(openai, "parse_request_body", None)),
-                          ("request_to_worker", getattr(openai, "request_to_worker", None)),
-                          ("get_running_instance", getattr(openai, "get_running_instance", None))):
-        if present is None:
-            return f"gpustack.routes.openai.{name} is missing"
-    if not callable(getattr(balancer, "set_strategy", None)):
-        return "gpustack.routes.openai.load_balancer has no set_strategy()"
-    return (
-        _shape_problem("parse_request_body", openai.parse_request_body)
-        or _shape_problem("request_to_worker", openai.request_to_worker)
-        or _shape_problem("get_running_instance", openai.get_running_instance)
-        or _shape_problem("resolve_route_targets", route_service.resolve_route_targets)
-        or _shape_problem("select_instance", strategy_base.select_instance)
-        or _shape_problem("_stream_response", getattr(openai, "_stream_response", None) or (lambda: None))
-    )
+GPUSTACK_NAMES = ("BadRequestException", "model_instance_prefix", "router_header_key", "LoadBalancingStrategy",
+                  "openai", "async_session", "ModelService", "WorkerService")
 
 
 def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: RoutingStats) -> RoutingHooks:
-    version = check_gpustack()
-    if not version.ok:
-        return RoutingHooks(False, version.reason)
     try:
-        gs = _import_gpustack()
-    except ImportError as e:
-        return RoutingHooks(False, f"GPUStack's proxy is not importable: {e}")
-    openai = gs["openai"]
-    if getattr(openai, _MARK, None):
-        return RoutingHooks(True, hooks=list(getattr(openai, _MARK)))
-    problem = _check_shapes(openai, gs["LoadBalancingStrategy"])
-    if problem:
-        return RoutingHooks(False, problem)
+        gs = {name: seam.resolve(name) for name in GPUSTACK_NAMES}
+        openai = gs["openai"]
+        if getattr(openai, _MARK, None):
+            return RoutingHooks(True, hooks=list(getattr(openai, _MARK)))
+        seam.require_feature("routing")
+    except seam.SeamMismatch as e:
+        return RoutingHooks(False, str(e))
+    if not callable(getattr(openai.load_balancer, "set_strategy", None)):
+        return RoutingHooks(False, "gpustack.routes.openai.load_balancer has no set_strategy()")
 
     ctx = _Context(policy, tracker, stats, gs, probe_request=openai.request_to_worker)
     stats.worker_snapshots = ctx.workers

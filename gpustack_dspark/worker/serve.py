@@ -13,13 +13,13 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
 from gpustack_dspark.translate import Environment, LaunchPlan, path_method_marker, plan_launch
+from gpustack_dspark.worker.fail import PROG, fail  # noqa: F401  (serve.fail: the one refusal)
 
-PROG = "dspark-serve"
 LAUNCHER_FLAGS = ("--print-vllm-args", "--config")
 
 
@@ -162,11 +162,6 @@ def _config_file_argv(path: str) -> List[str]:
     except bounded.BoundedError as e:
         raise KnobError("--config", path, "a readable YAML file", str(e)) from None
     return config_to_argv(doc, source=f"--config {path}")
-
-
-def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

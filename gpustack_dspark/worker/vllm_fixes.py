@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+from gpustack_dspark.worker import vllm_seam
+
 logger = logging.getLogger("vllm.dspark.fixes")
 
 DISABLE_ENV = "DSPARK_VLLM_FIXES"
@@ -67,17 +69,15 @@ def _reference_expand(x, cu_num_tokens, num_tokens: int, replace_from=0, replace
 
 def _expand_is_wrong() -> Optional[str]:
     import torch
-    from vllm.platforms import current_platform
-    from vllm.v1.sample import rejection_sampler
 
-    if not current_platform.is_cpu():
+    if not vllm_seam.resolve("current_platform").is_cpu():
         return None  # the Triton kernel itself runs there; this test's tensors are CPU tensors
 
     cu = torch.tensor([2, 5, 6], dtype=torch.int32)
     for x, replace in ((torch.tensor([0.7, 0.0, 1.5], dtype=torch.float32), (0, 1)),
                        (torch.tensor([3, 50, 7], dtype=torch.int32), (0, 0))):
         try:
-            got = rejection_sampler.expand_batch_to_tokens(x, cu, 6, replace_from=replace[0], replace_to=replace[1])
+            got = vllm_seam.resolve("expand_batch_to_tokens")(x, cu, 6, replace_from=replace[0], replace_to=replace[1])
         except Exception as e:  # a crash is as wrong as a wrong value
             return f"expand_batch_to_tokens raised {e.__class__.__name__} for {x.dtype}"
         want = _reference_expand(x, cu, 6, *replace)
@@ -87,9 +87,9 @@ def _expand_is_wrong() -> Optional[str]:
 
 
 def _patch_expand() -> None:
-    from vllm.v1.sample import rejection_sampler
+    import importlib
 
-    rejection_sampler.expand_batch_to_tokens = _reference_expand
+    importlib.import_module(vllm_seam.module_of("expand_batch_to_tokens")).expand_batch_to_tokens = _reference_expand
 
 
 # ---- 2. seeded generators on chunked prefill ---------------------------------------------
@@ -97,15 +97,12 @@ def _patch_expand() -> None:
 def _cpu_generators_lack_offset() -> Optional[str]:
     import torch
 
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if not vllm_seam.resolve("current_platform").is_cpu():
         return None
     try:
         torch.Generator(device="cpu").get_offset()
     except RuntimeError as e:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
+        GPUModelRunner = vllm_seam.resolve("GPUModelRunner")
         if not all(hasattr(GPUModelRunner, name) for name in ("_sample", "_bookkeeping_sync")):
             return None  # another vLLM: nothing of the shape this fix knows
         return f"torch CPU generators: {e}"
@@ -124,8 +121,7 @@ def _discarded_generators(runner):
 
 
 def _patch_generators() -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
+    GPUModelRunner = vllm_seam.resolve("GPUModelRunner")
     original_sample = GPUModelRunner._sample
     original_bookkeeping = GPUModelRunner._bookkeeping_sync
 

@@ -1,6 +1,6 @@
 """Fixed speculative lengths against the per-step budget on one mixed-load trace, side by side.
 
-    .venv/bin/python -m tests.bench.budget_trace --variants none,1,2,3,4,5,6,7,8,auto --runs 3
+    .venv/bin/python -m tests.bench.budget_trace --variants none,1,2,3,4,5,6,7,8,auto --runs 3 [--model expanded]
 
 The trace is fixed before tuning (seeded): low -> high -> low load phases, Poisson arrivals,
 70 % order-JSON requests (high acceptance) and 30 % free-text requests (no grammar: low
@@ -15,7 +15,9 @@ tokens per target forward pass, where an engine step's time goes (the layer's ow
 grammar check of drafts and grammar bitmasks, vLLM's scheduler, the forward and the rest; from
 the layer's step profile, stats.DraftingCounters.step_profile) and the budget's own counters
 where it is on. A script, not a test: figures on a shared CPU move between runs; compare only
-variants of one invocation.
+variants of one invocation. `--model expanded` replays it on the benchmark model (the
+fixture's tokens at a ~100 M-parameter model's step cost: docs/drafting.md, "The benchmark
+model"; its slower steps may want a lower `--high-rate`).
 """
 
 import argparse
@@ -31,6 +33,7 @@ import httpx
 from gpustack_dspark.bench.load import json_check, percentile
 from gpustack_dspark.bench.workloads import order_body
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from tests.bench.models import add_model_argument, resolve
 from tests.bench.order_json import SAME_VLLM_ARGS
 
 PHASES = (("low", 1.0, 12.0), ("high", 12.0, 10.0), ("low2", 1.0, 12.0))  # (name, requests/s, seconds)
@@ -152,9 +155,9 @@ def profile(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, Any]:
     return {"tokens_per_forward": delta.tokens_per_forward(), "step_profile": delta.step_profile()}
 
 
-def run_variant(variant: str, runs: int, items, logs: Path) -> Dict[str, Any]:
-    replica = start_replica(logs / f"{variant}.log", variant_args(variant) + SAME_VLLM_ARGS
-                            + ["--max-num-seqs", "8", "--dspark-warmup-requests", "4"])
+def run_variant(variant: str, runs: int, items, logs: Path, model: Path, model_args: List[str]) -> Dict[str, Any]:
+    replica = start_replica(logs / f"{variant}.log", variant_args(variant) + SAME_VLLM_ARGS + model_args
+                            + ["--max-num-seqs", "8", "--dspark-warmup-requests", "4"], model=model)
     results: List[Dict[str, Any]] = []
     try:
         replica.wait_ready(900)
@@ -189,11 +192,14 @@ def main() -> None:
     parser.add_argument("--high-rate", type=float, default=PHASES[1][1],
                         help=f"requests/s of the high phase (default {PHASES[1][1]:g}; raise it to saturate "
                              "a faster machine)")
+    add_model_argument(parser)
     args = parser.parse_args()
+    model, model_args = resolve(args.model)
     phases = (PHASES[0], (PHASES[1][0], args.high_rate, PHASES[1][2]), PHASES[2])
     items = trace(args.seed, phases)
-    print(f"trace: {len(items)} requests, phases {phases}, text share {TEXT_SHARE}, seed {args.seed}", flush=True)
-    table = {v: run_variant(v, args.runs, items, Path(args.logs)) for v in args.variants.split(",")}
+    print(f"trace: {len(items)} requests, phases {phases}, text share {TEXT_SHARE}, seed {args.seed}, "
+          f"model {model.name}", flush=True)
+    table = {v: run_variant(v, args.runs, items, Path(args.logs), model, model_args) for v in args.variants.split(",")}
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
     fixed = {v: mean(r["overall"] for r in t["runs"]) for v, t in table.items() if v not in ("none", "auto")}

@@ -1,6 +1,6 @@
 """Benchmark: DSpark drafting variants side by side, in one run, on real vLLM (CPU).
 
-    .venv/bin/python -m tests.bench.drafting [--requests 48] [--concurrency 8]
+    .venv/bin/python -m tests.bench.drafting [--requests 48] [--concurrency 8] [--model expanded]
 
 One replica per variant (identical vLLM settings and speculative length), started one after
 the other; each serves two workloads: order JSON (the schema of tests/bench/order_json.py) and a
@@ -16,7 +16,8 @@ Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acc
 output tokens per target forward pass. Every step of the target model yields one sampled
 token plus the drafts it accepted, so forward passes = output tokens - accepted draft tokens
 (vLLM's counters, read before and after): a figure that does not depend on the hardware.
-Figures, not assertions.
+Figures, not assertions. `--model expanded` serves the benchmark model instead of the fixture
+(same tokens, a ~100 M-parameter model's step cost: docs/drafting.md, "The benchmark model").
 """
 
 import argparse
@@ -33,6 +34,7 @@ import httpx
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from tests.bench.models import add_model_argument, resolve
 from tests.bench.order_json import SAME_VLLM_ARGS
 
 FIXED_SCHEMA = json.loads((Path(__file__).parent / "data" / "glaive_book_flight.schema.json").read_text())
@@ -132,10 +134,13 @@ def main(argv=None) -> None:
     parser.add_argument("--concurrency", default="8", help="comma-separated levels, each measured per variant")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: unset)")
     parser.add_argument("--length", type=int, default=8, help="speculative length of every variant")
     parser.add_argument("--sweep", default="0.5,0.7,0.9", help="extra thresholds for forced + statistical")
     parser.add_argument("--only", default="", help="comma-separated variant numbers to run (1-based)")
+    add_model_argument(parser)
     args = parser.parse_args(argv)
+    model, model_args = resolve(args.model)
 
     sweep = [float(t) for t in args.sweep.split(",") if t]
     chosen = variants(args.length, sweep)
@@ -147,12 +152,16 @@ def main(argv=None) -> None:
         "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
             (fixed_schema_bodies(args.requests, args.max_tokens, args.temperature), FIXED_SCHEMA),
     }
+    if args.top_p is not None:
+        for bodies, _ in workloads.values():
+            for body in bodies:
+                body["top_p"] = args.top_p
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
                                                               for w in workloads}
     for number, (name, knobs) in enumerate(chosen, 1):
         replica = start_replica(logs / f"variant-{number}.log",
-                                knobs + SAME_VLLM_ARGS + ["--dspark-warmup-requests", "2"])
+                                knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"], model=model)
         try:
             replica.wait_ready(600)
             for level in levels:
@@ -166,7 +175,8 @@ def main(argv=None) -> None:
         finally:
             replica.stop()
     print(f"{args.requests} requests per workload, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
-          f"temperature {args.temperature}, speculative length {args.length}; real vLLM 0.32 on this CPU")
+          f"temperature {args.temperature}, top_p {args.top_p or 'unset'}, speculative length {args.length}; model {model.name}; "
+          "real vLLM 0.32 on this CPU")
     for workload, rows in results.items():
         report(workload, rows)
 

@@ -1,5 +1,6 @@
 """The DSpark console in GPUStack's web UI, in headless Chromium, against a real GPUStack
-server + PostgreSQL and two real `dspark-serve` replicas (vLLM on CPU) behind GPUStack's
+server + PostgreSQL and two real `dspark-serve` replicas (vLLM on CPU; the session's shared
+platform, tests/integration/shared_stack.py) behind GPUStack's
 `/v1` (instances pointed at them by hand, as in test_routing_dspark_replicas.py): GPUStack's
 login, the menu entry, the deployment with live figures that move after traffic, a bad knob
 refused in the editor with the field's message and nothing changed, a good one previewed as
@@ -16,10 +17,9 @@ import httpx
 import pytest
 
 from gpustack_dspark.bench import workloads
-from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
-from tests.conftest import admin_api, wait_for
+from gpustack_dspark.devstack.replica import SERVED_NAME
+from tests.conftest import wait_for
 from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
-from tests.integration.test_routing import models_on_real_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -28,14 +28,12 @@ GPUSTACK_PAGES = ["#/dashboard", "#/models/deployments", "#/models/backends", "#
 
 
 @pytest.fixture(scope="module")
-def stack(start_server, tmp_path_factory):
+def stack(shared_stack, tmp_path_factory):
+    """The shared platform's server and two replicas under this module's model."""
     base = tmp_path_factory.mktemp("console")
-    replicas = [start_replica(base / f"replica-{i}.log", ["--enable-dspark", "--dspark-warmup-requests", "2"])
-                for i in range(2)]
-    server = start_server()
-    api = admin_api(server)
-    with models_on_real_replicas(server, api, "console-w1", base, replicas,
-                                 {SERVED_NAME: ([r.port for r in replicas], 180)}) as (_, _, models):
+    server, api = shared_stack.up()
+    replicas = shared_stack.replicas()
+    with shared_stack.models_on(base, {SERVED_NAME: ([r.port for r in replicas], 180)}) as models:
         yield server, api, models[SERVED_NAME]
 
 

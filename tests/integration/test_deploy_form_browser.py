@@ -8,7 +8,6 @@ import time
 import pytest
 
 from gpustack_dspark import knobs
-from gpustack_dspark.devstack.worker import join_cpu_worker
 from tests.conftest import admin_api
 from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
 
@@ -16,8 +15,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def server(start_server):
-    return start_server()
+def server(shared_stack):
+    """The session's shared GPUStack server (tests/integration/shared_stack.py)."""
+    return shared_stack.gpustack()[0]
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +62,10 @@ def test_deploy_form_prefills_the_dspark_knobs(page, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def worker(server, tmp_path_factory):
-    """GPUStack's form runs its compatibility check only once the cluster has a worker."""
-    api = admin_api(server)
-    worker = join_cpu_worker(api, server.url, "form-worker", tmp_path_factory.mktemp("form-worker"),
-                             labels={"role": "json-inference"})
-    yield worker
-    worker.stop()
-    api.close()
+def worker(shared_stack):
+    """GPUStack's form runs its compatibility check only once the cluster has a worker: the
+    shared platform's, labelled role=json-inference."""
+    return shared_stack.json_worker()[0]
 
 
 def test_deploy_form_shows_a_bad_knob_inline_and_submit_is_refused(page, server, worker, tmp_path):

@@ -10,12 +10,14 @@ token-identical with and without the layer and the budget; the layer's counters 
 Sampled replies (temperature > 0) must come from the model's own distribution under the
 grammar: many samples of one request with 24 possible replies, with and without the layer,
 compared by a two-sample test (bench/exactness.py). A fifth replica is the deliberately wrong
-variant: the layer without the worker's vLLM fixes (`DSPARK_VLLM_FIXES=off`,
-worker/vllm_fixes.py), whose drafts are verified at garbage temperatures; the same test must
-tell it apart.
+variant: the layer whose draft positions are verified greedily (tests/support/dspark_test_faults.py,
+through the door of worker/vllm_fixes.py); the same test must tell it apart. (vLLM's CPU fault
+that the fixes repair did the same by chance: the garbage it left was sometimes the right
+value, so the unfixed build was once not told apart, p = 0.036.)
 """
 
 import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +27,10 @@ import httpx
 import pytest
 
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
+from gpustack_dspark.devstack.processes import LOOPBACK_DIR
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
 from tests.bench import exactness
+from tests.conftest import SUPPORT_DIR
 from tests.bench.order_json import SAME_VLLM_ARGS
 
 pytestmark = pytest.mark.integration
@@ -70,7 +74,11 @@ def replicas(tmp_path_factory):
         "budget": BUDGET_ARGS + SAME_VLLM_ARGS,
         "unfixed": LAYER_ARGS + SAME_VLLM_ARGS,
     }
-    env = {"unfixed": {"DSPARK_VLLM_FIXES": "off"}}  # the wrong variant of the exactness test
+    # The wrong variant of the exactness test: draft positions verified greedily, every run
+    # (tests/support/dspark_test_faults.py; vLLM's own CPU fault was the same, but by chance).
+    env = {"unfixed": {"PYTHONPATH": os.pathsep.join([str(LOOPBACK_DIR), str(SUPPORT_DIR)]),
+                       "DSPARK_SITECUSTOMIZE_EXTRA": "dspark_test_faults",
+                       "DSPARK_TEST_FAULT": "greedy-draft-verification"}}
     started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"],
                                    env=env.get(name))
                for name, args in settings.items()}
@@ -219,7 +227,7 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     wrong = exactness.two_sample(reference, sample("unfixed", t1))
     assert layer.p_value > EXACTNESS_ALPHA, ("forced + statistical, length 8", layer.line())
     assert budget.p_value > EXACTNESS_ALPHA, ("auto", budget.line())
-    assert wrong.p_value < EXACTNESS_ALPHA, ("without the vLLM fixes", wrong.line())
+    assert wrong.p_value < EXACTNESS_ALPHA, ("draft positions verified greedily", wrong.line())
     assert wrong.tv > layer.tv and wrong.tv > budget.tv, (wrong.line(), layer.line(), budget.line())
 
     # Grammar-forced tokens (the only token the grammar allows) are certain: accepted at

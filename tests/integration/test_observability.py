@@ -17,8 +17,7 @@ import pytest
 from gpustack_dspark import backend
 from gpustack_dspark.devstack.processes import venv_bin
 from gpustack_dspark.devstack.replica import DRAFT_MODEL, SERVED_NAME, start_replica
-from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import models_on_real_replicas
+from tests.conftest import dspark_status, wait_for
 from tests.support.stand_in_replica import BROKEN_JSON, StandInReplica
 
 pytestmark = pytest.mark.integration
@@ -68,18 +67,23 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(start_server, tmp_path_factory):
+def stack(shared_stack, tmp_path_factory):
+    """This module's own replica (draft-model speculation) and a stand-in answering broken JSON,
+    behind the shared platform's server and worker (tests/integration/shared_stack.py)."""
     base = tmp_path_factory.mktemp("observability")
     replica = start_replica(base / "replica.log", ["--enable-dspark", "--dspark-draft-model", str(DRAFT_MODEL),
                                                    "--dspark-warmup-requests", "2"])
     broken = StandInReplica(BROKEN_MODEL, base_s=0.01, chunks=3).start()
     broken.reply_content = BROKEN_JSON
-    server = start_server()
-    api = admin_api(server)
-    with models_on_real_replicas(server, api, "observe-w1", base, [replica],
-                                 {SERVED_NAME: ([replica.port], 180), BROKEN_MODEL: ([broken.port], 60)}) as (worker, _, _):
-        yield Stack(server, api, worker, replica, broken)
+    try:
+        server, api = shared_stack.gpustack()
+        worker, _ = shared_stack.json_worker()
+        replica.wait_ready(420)
+        with shared_stack.models_on(base, {SERVED_NAME: ([replica.port], 180), BROKEN_MODEL: ([broken.port], 60)}):
+            yield Stack(server, api, worker, replica, broken)
+    finally:
         broken.stop()
+        replica.stop()
 
 
 def test_replica_metrics_appear_and_change_after_traffic(stack):

@@ -24,8 +24,7 @@ from pydantic import BaseModel
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.postgres import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
-from tests.conftest import admin_api, dspark_status, wait_for
-from tests.integration.test_routing import models_on_real_replicas
+from tests.conftest import dspark_status, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,18 +49,21 @@ MESSAGES = [{"role": "user", "content": "Create an order record for user 7: sell
 
 
 @pytest.fixture(scope="module")
-def stack(start_server, tmp_path_factory):
+def stack(shared_stack, tmp_path_factory):
+    """The shared platform (its first replica is the open one) and a replica of this module's own
+    that wants an API key and holds secrets."""
     base = tmp_path_factory.mktemp("request-path")
-    open_replica = start_replica(base / "open.log", ["--enable-dspark", "--dspark-warmup-requests", "2"])
     keyed = start_replica(base / "keyed.log", ["--enable-dspark", "--dspark-warmup-requests", "1",
                                                "--api-key", API_KEY, "--hf-token", HF_TOKEN],
                           env={"DSPARK_TEST_DB_PASSWORD": ENV_SECRET})
-    replicas = [open_replica, keyed]
-    server = start_server()
-    api = admin_api(server)
-    with models_on_real_replicas(server, api, "request-path-w1", base, replicas,
-                                 {SERVED_NAME: ([open_replica.port], 180), DEAD_MODEL: ([free_port()], None)}):
-        yield server, api, open_replica, keyed
+    try:
+        server, api = shared_stack.up()
+        open_replica = shared_stack.replicas()[0]
+        keyed.wait_ready(420)
+        with shared_stack.models_on(base, {SERVED_NAME: ([open_replica.port], 180), DEAD_MODEL: ([free_port()], None)}):
+            yield server, api, open_replica, keyed
+    finally:
+        keyed.stop()
 
 
 @pytest.fixture(scope="module")

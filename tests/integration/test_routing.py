@@ -9,14 +9,13 @@ replica takes seconds; every stand-in here answers well within that.
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from gpustack_dspark import backend
-from gpustack_dspark.devstack.worker import join_cpu_worker
-from tests.conftest import admin_api, dspark_status, wait_for, wait_backend_registered
+from tests.conftest import admin_api, dspark_status, wait_for
+from tests.integration.shared_stack import join_listening_cpu_worker
 from tests.support.stand_in_instances import (
     RunningStateKeeper, STAND_IN_BACKEND, STAND_IN_VERSION, create_stand_in_model, ensure_stand_in_backend,
     instances_of, set_running, wait_routable,
@@ -66,12 +65,7 @@ def stack(start_server, tmp_path_factory):
     (policies / "routing.yaml").write_text(f"proxy:\n  silence_timeout_s: {SILENCE_S}\n")
     server = start_server(extra_args=["--dspark-policy-dir", str(policies)])
     api = admin_api(server)
-    wait_backend_registered(server, api.api_key, 60)
-    worker = join_cpu_worker(api, server.url, "route-w1", base / "w1")
-    row = api.get(f"/v2/workers/{worker.id}")
-    # READY comes before the worker's HTTP server listens; until it does, GPUStack marks
-    # the worker's models unavailable.
-    wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
+    worker, row = join_listening_cpu_worker(server, api, "route-w1", base / "w1")
     ensure_stand_in_backend(api)
     models = {
         "json-m": create_stand_in_model(api, "json-m", backend.BACKEND_NAME, backend.CPU_VERSION, row["cluster_id"],
@@ -96,59 +90,6 @@ def stack(start_server, tmp_path_factory):
     api.close()
     for replica in (*replicas.values(), *quiet):
         replica.stop()
-
-
-def join_listening_cpu_worker(server, api, name, folder):
-    """A CPU worker joined to `server` once the plugin registered its backend, returned (with its
-    row) only when its HTTP server listens: READY comes first, and until it listens GPUStack
-    marks the worker's models unavailable."""
-    wait_backend_registered(server, api.api_key, 60)
-    worker = join_cpu_worker(api, server.url, name, folder)
-    try:
-        row = api.get(f"/v2/workers/{worker.id}")
-        wait_for(lambda: _listening(worker.worker_port), 120, "the worker's API port")
-    except BaseException:
-        worker.stop()
-        raise
-    return worker, row
-
-
-@contextmanager
-def models_on_real_replicas(server, api, worker_name, base, replicas, models):
-    """Real `dspark-serve` replicas behind GPUStack: a listening CPU worker, the `replicas`
-    ready, one stand-in model per entry of `models` ({name: (ports, seconds to wait until it
-    answers through /v1, or None: not waited for)}), kept RUNNING by a keeper. Yields (worker, its row, {name: model}).
-    Stops the keeper, the worker, the API client and the replicas at the end."""
-    keeper = worker = None
-    try:
-        worker, row = join_listening_cpu_worker(server, api, worker_name, base / "w1")
-        for replica in replicas:
-            replica.wait_ready(420)
-        created = {name: create_stand_in_model(api, name, backend.BACKEND_NAME, backend.CPU_VERSION,
-                                               row["cluster_id"], row, list(ports), base / f"model-{i}")
-                   for i, (name, (ports, _)) in enumerate(models.items())}
-        keeper = RunningStateKeeper(admin_api(server), row).start()
-        for model in created.values():
-            keeper.watch(model["id"])
-        for name, (_, timeout_s) in models.items():
-            if timeout_s is not None:
-                wait_routable(server.url, api.api_key, name, timeout_s)
-        yield worker, row, created
-    finally:
-        if keeper:
-            keeper.stop()
-        if worker:
-            worker.stop()
-        api.close()
-        for replica in replicas:
-            replica.stop()
-
-
-def _listening(port):
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 500
-    except httpx.HTTPError:
-        return False
 
 
 def _reset(stack):

@@ -22,12 +22,23 @@ def test_make_demo_installs_no_browser_no_test_tools():
     demo = _would_run("demo")
     assert "install-system-packages.sh demo" in demo
     assert "install-helm" not in demo and "[server,dev]" not in demo and "pytest" not in demo
-    assert '-e ".[server]"' in demo and "requirements.lock" in demo  # both venvs, the image's lock
+    assert '-e ".[server,devstack]"' in demo and "requirements.lock" in demo  # both venvs, the image's lock
+
+
+def test_what_the_devstack_runs_on_is_in_the_extras_make_demo_installs():
+    # A fresh clone's `make demo` stopped at the worker: "fastfetch not found" (it was in [dev] only).
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    demo = _would_run("demo")
+    installed = [name for name in extras if f".[server,{name}]" in demo or f'".[{name}]"' in demo]
+    assert installed == ["devstack"], installed
+    assert any(req.startswith("fastfetch-bin") for req in extras["devstack"])
 
 
 def test_make_test_still_installs_everything():
     test = _would_run("test")
-    assert "install-system-packages.sh test" in test and "install-helm" in test and "[server,dev]" in test
+    assert "install-system-packages.sh test" in test and "install-helm" in test and "[server,devstack,dev]" in test
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ synchronous scheduling: schedule -> model -> update_from_output -> update_draft_
 own drafting time is part of what a draft token costs).
 
 vLLM internals used here (instance attributes, checked by `check_scheduler` at start, the
-class attributes are in scheduler.INTERNALS): Scheduler.running / .waiting /
+class attributes are in the vLLM seam, worker/vllm_seam/names.py): Scheduler.running / .waiting /
 .max_num_scheduled_tokens / .max_num_running_reqs, Request.spec_token_ids /
 .num_computed_tokens / .num_tokens / .is_prefill_chunk, SchedulerOutput.total_num_scheduled_tokens.
 """
@@ -27,8 +27,9 @@ def check_scheduler(scheduler) -> List[str]:
     """What this glue needs from a constructed vLLM scheduler and its Request that is missing."""
     import inspect
 
-    from vllm.v1.request import Request
+    from gpustack_dspark.worker import vllm_seam
 
+    Request = vllm_seam.resolve("Request")
     problems = [f"Scheduler.{a} is missing" for a in SCHEDULER_ATTRS if not hasattr(scheduler, a)]
     if not isinstance(getattr(Request, "num_tokens", None), property):
         problems.append("vllm.v1.request.Request.num_tokens is missing")

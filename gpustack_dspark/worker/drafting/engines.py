@@ -21,13 +21,15 @@ grammar-forced drafts work for both.
 Both backends are built with compact whitespace (`disable_any_whitespace`, which vLLM's config
 accepts only with one named backend, not with "auto").
 
-vLLM internals: what is used is listed in scheduler.INTERNALS and checked at start.
+vLLM internals: what is used is named in the vLLM seam (worker/vllm_seam/names.py) and checked at start.
 """
 
 import json
 import logging
 import threading
 from typing import Any, Optional, Tuple
+
+from gpustack_dspark.worker import vllm_seam
 
 logger = logging.getLogger("vllm.dspark.engines")
 
@@ -71,12 +73,14 @@ def _manager_class(base):
         def grammar_init(self, request) -> None:
             if request.structured_output_request is not None and self.backend is None:
                 self._dspark_primary()
+            # vLLM 0.33 refuses a request whose backend differs from `backend_name` (one backend
+            # per engine). This manager serves both engines, chosen per request (_create_grammar),
+            # so the name stays unset on purpose: the guard never applies here. 0.32 has no guard.
+            self.backend_name = None
             return super().grammar_init(request)
 
         def _dspark_primary(self):
-            from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
-
-            self.backend = XgrammarBackend(self.vllm_config, tokenizer=self.tokenizer,
+            self.backend = vllm_seam.resolve("XgrammarBackend")(self.vllm_config, tokenizer=self.tokenizer,
                                            vocab_size=self.vllm_config.model_config.get_vocab_size())
             self.backend.disable_any_whitespace = True  # compact JSON (vLLM allows the flag only per backend)
             return self.backend
@@ -85,9 +89,7 @@ def _manager_class(base):
             with self._dspark_lock:
                 if self._dspark_guidance_backend is None and self._dspark_guidance_problem is None:
                     try:
-                        from vllm.v1.structured_output.backend_guidance import GuidanceBackend
-
-                        backend = GuidanceBackend(self.vllm_config, tokenizer=self.tokenizer,
+                        backend = vllm_seam.resolve("GuidanceBackend")(self.vllm_config, tokenizer=self.tokenizer,
                                                   vocab_size=self.vllm_config.model_config.get_vocab_size())
                         backend.disable_any_whitespace = True
                         ours = backend.allocate_token_bitmask(1).shape[-1]

@@ -7,8 +7,9 @@ request's grammar matcher lives. Here, for requests with a grammar, the draft is
 verifies the draft with the target model as usual, so the output is what the target model
 produces without speculation. Requests without a grammar keep vLLM's own drafts.
 
-These are vLLM internals (not a public interface): `check_vllm_internals` names what this
-relies on and the class refuses to start when any of it is missing.
+These are vLLM internals (not a public interface), named in the vLLM seam
+(`worker/vllm_seam/names.py`): `check_vllm_internals` lists what is missing and the class
+refuses to start when anything is.
 """
 
 import dataclasses
@@ -17,8 +18,10 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from gpustack_dspark.translate import DraftingConfig
+from gpustack_dspark.worker import vllm_seam
 from gpustack_dspark.worker.drafting import budget_step, draft_builder, engines
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
@@ -26,109 +29,41 @@ from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounte
 # Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
 logger = logging.getLogger("vllm.dspark.drafting")
 
-PINNED_VLLM = "0.32.0"
-CONFIG_KEY = "dspark_drafting"
 MAX_N = 4
 ENCODE_CACHE_SIZE = 4096
 
-# What the layer uses from vLLM and xgrammar: (object path, attribute).
-INTERNALS = (
-    ("vllm.v1.core.sched.scheduler.Scheduler", "update_draft_token_ids"),
-    ("vllm.v1.core.sched.scheduler.Scheduler", "update_from_output"),
-    ("vllm.v1.core.sched.scheduler.Scheduler", "_free_request"),
-    ("vllm.v1.core.sched.scheduler.Scheduler", "schedule"),  # the speculation budget (budget_step.py)
-    ("vllm.v1.core.sched.scheduler.Scheduler", "get_grammar_bitmask"),  # timed for the step profile
-    ("vllm.v1.core.sched.output.SchedulerOutput", "total_num_scheduled_tokens"),
-    ("vllm.v1.structured_output.StructuredOutputManager", "validate_tokens"),
-    ("vllm.v1.structured_output.backend_xgrammar.XgrammarGrammar", "matcher"),
-    # Two engines in one manager (engines.py, when vLLM's structured-output backend is "auto").
-    ("vllm.v1.structured_output.StructuredOutputManager", "grammar_init"),
-    ("vllm.v1.structured_output.StructuredOutputManager", "_create_grammar"),
-    ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend", "compile_grammar"),
-    ("vllm.v1.structured_output.backend_guidance.GuidanceBackend", "compile_grammar"),
-    ("vllm.v1.structured_output.backend_guidance.GuidanceGrammar", "ll_matcher"),
-    ("vllm.v1.outputs.DraftTokenIds", "draft_token_ids"),
-    ("vllm.v1.outputs.ModelRunnerOutput", "sampled_token_ids"),
-    ("xgrammar.GrammarMatcher", "find_jump_forward_string"),
-    ("xgrammar.GrammarMatcher", "is_completed"),
-    ("xgrammar.GrammarMatcher", "rollback"),
-    ("llguidance.LLMatcher", "try_consume_tokens"),
-    ("llguidance.LLMatcher", "compute_ff_bytes"),
-    ("llguidance.LLMatcher", "compute_bitmask"),
-    ("llguidance.LLMatcher", "rollback"),
-    ("llguidance.LLMatcher", "is_accepting"),
-    ("llguidance.LLMatcher", "is_stopped"),
-)
-
-
-def _resolve(path: str):
-    import importlib
-
-    module_name, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)
-
 
 def check_vllm_internals() -> List[str]:
-    """Everything missing, as readable lines; empty when this vLLM is the one we pin."""
-    problems = []
-    try:
-        from gpustack_dspark.worker.launch import installed_vllm_version
-
-        version = installed_vllm_version().split("+")[0]
-        if version != PINNED_VLLM:
-            problems.append(f"vLLM {version} is installed; the drafting layer is pinned to {PINNED_VLLM}")
-    except Exception as e:  # pragma: no cover - import problems are reported below too
-        problems.append(f"cannot read the vLLM version: {e}")
-    for path, attr in INTERNALS:
-        try:
-            owner = _resolve(path)
-        except Exception as e:
-            problems.append(f"{path} is missing ({e.__class__.__name__})")
-            continue
-        fields = getattr(owner, "__dataclass_fields__", {})
-        found = getattr(owner, attr, None)
-        # An abstract method inherited from an interface is no implementation.
-        if attr not in fields and (found is None or getattr(found, "__isabstractmethod__", False)):
-            problems.append(f"{path}.{attr} is missing")
-    return problems
+    """Everything missing, as readable lines; empty when this vLLM is a supported series with
+    every internal the layer uses (the vLLM seam's table, worker/vllm_seam/names.py)."""
+    return vllm_seam.problems()
 
 
-def layer_config(vllm_config) -> Dict[str, Any]:
-    config = dict((getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY) or {})
-    spec = vllm_config.speculative_config
-    config.setdefault("length", spec.num_speculative_tokens if spec else 0)
-    config.setdefault("threshold", 0.0)
-    config.setdefault("mode", "forced+statistical")
-    config.setdefault("base_method", spec.method if spec else None)
-    config.setdefault("shared_history", 256)
-    config.setdefault("engines", [])  # ["xgrammar", "llguidance"]: both in one manager (engines.py)
-    config.setdefault("budget", False)  # the per-step speculation budget (--dspark-speculative-length auto)
-    return config
+def layer_config(vllm_config) -> DraftingConfig:
+    return DraftingConfig.from_vllm(getattr(vllm_config, "additional_config", None), vllm_config.speculative_config)
 
 
 def _scheduler_base():
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    return Scheduler
+    return vllm_seam.resolve("Scheduler")
 
 
 class DraftingLayer:
     """Per-engine state of the layer: histories, counters, the tokenizer cache."""
 
-    def __init__(self, config: Dict[str, Any], tokenizer, vocab_size: int) -> None:
-        mode = config["mode"]
+    def __init__(self, config: DraftingConfig, tokenizer, vocab_size: int) -> None:
+        mode = config.mode
         self.policy = draft_builder.DraftPolicy(
-            length=int(config["length"]), threshold=float(config["threshold"]),
+            length=config.length, threshold=config.threshold,
             forced="forced" in mode, statistical="statistical" in mode)
-        self.base_method = config["base_method"]
+        self.base_method = config.base_method
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.counters = DraftingCounters()
         self.writer = StatsWriter(os.environ.get(STATS_FILE_ENV))
-        self.shared = SharedHistory(MAX_N, int(config["shared_history"]))
+        self.shared = SharedHistory(MAX_N, config.shared_history)
         self.histories: Dict[str, RequestHistory] = {}
         self.kinds: Dict[str, List[str]] = {}
         self.confs: Dict[str, List[float]] = {}
-        self.budget = budget_step.BudgetGlue(int(config["length"])) if config["budget"] else None
+        self.budget = budget_step.BudgetGlue(config.length) if config.budget else None
         self.clock = StepClock(self.counters)
         self.seen: Dict[str, bool] = {}
         self.over_llguidance: set = set()
@@ -278,7 +213,7 @@ def _scheduler_class():
             tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
             vocab_size = self.vllm_config.model_config.get_vocab_size()
             self.dspark = DraftingLayer(config, tokenizer, vocab_size)
-            if engines.LLGUIDANCE in config["engines"] and self.structured_output_manager is not None:
+            if engines.LLGUIDANCE in config.engines and self.structured_output_manager is not None:
                 # vLLM's frontend picks per request; this makes the engine honour it (engines.py).
                 engines.install(self.structured_output_manager)
             if self.dspark.budget is not None:
@@ -287,7 +222,7 @@ def _scheduler_class():
                     raise RuntimeError("DSpark speculation budget: this vLLM lacks what it relies on: "
                                        + "; ".join(problems))
             logger.info("DSpark drafting layer on: mode=%s length=%d threshold=%s base=%s budget=%s",
-                        config["mode"], self.dspark.policy.length, self.dspark.policy.threshold,
+                        config.mode, self.dspark.policy.length, self.dspark.policy.threshold,
                         self.dspark.base_method, "auto" if self.dspark.budget else "fixed")
 
         def schedule(self, *args, **kwargs):
