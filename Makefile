@@ -17,12 +17,18 @@ export DSPARK_T0
 PROGRESS := bash scripts/progress.sh
 SETUP_LOGS := $(or $(TMPDIR),/tmp)/gpustack-dspark-setup
 
-.PHONY: setup demo-setup system system-demo venv venv-server worker-venv tools test unit demo clean check-vllm-seam
+.PHONY: setup demo-setup system system-demo venv venv-server worker-venv image-base tools test unit demo clean check-vllm-seam
 
-# Everything `make test` needs.
-setup: system venv worker-venv tools
-# What `make demo` needs: no Chromium, promtool, helm or test-only Python packages.
-demo-setup: system-demo venv-server worker-venv
+# Everything `make test` needs: the system packages first, then the rest at once (-j: the two
+# venvs, helm, and each job prints its own progress lines).
+setup: system
+	@$(MAKE) --no-print-directory -j4 venv worker-venv tools
+# What `make demo` needs: no Chromium, promtool, helm or test-only Python packages. The image's
+# Debian base (debootstrap, then python3.11 from Debian: once per machine, ~60 s, network-bound)
+# is made while the venvs install (CPU-bound); the image itself needs the worker venv, and is
+# built by the demo while GPUStack starts (devstack/container_stack.py).
+demo-setup: system-demo
+	@$(MAKE) --no-print-directory -j3 venv-server worker-venv image-base
 
 # System packages (PostgreSQL server binaries, Podman, ...); installed only if missing.
 system:
@@ -37,31 +43,46 @@ tools: $(HELM)
 $(HELM): scripts/install-helm.sh
 	@bash scripts/install-helm.sh
 
+# uv installs the venvs (scripts/venv-install.sh: pip's own configuration, a third of pip's
+# time); pinned, in a venv of its own under .tools/. Without it the venvs install with pip.
+UV_VERSION := 0.13.8
+UV_DIR := .tools/uv-$(UV_VERSION)
+UV := $(CURDIR)/$(UV_DIR)/bin/uv
+export UV
+VENV_INSTALL := bash scripts/venv-install.sh
+
+$(UV):
+	@$(PROGRESS) "uv $(UV_VERSION) (installs the venvs)" $(SETUP_LOGS)/uv.log -- sh -c \
+	  '$(PYTHON) -m venv $(UV_DIR) && $(UV_DIR)/bin/python -m pip install "uv==$(UV_VERSION)"' \
+	  || echo "uv could not be installed (log $(SETUP_LOGS)/uv.log): the venvs install with pip"
+
 venv-server: $(SERVER_STAMP)
 venv: $(STAMP)
 
-$(SERVER_STAMP): pyproject.toml
+$(SERVER_STAMP): pyproject.toml | $(UV)
 	@$(PYTHON) -m venv $(VENV)
-	@$(PROGRESS) "project venv $(VENV) (GPUStack + the plugin)" $(SETUP_LOGS)/venv.log -- sh -c \
-	  '$(VENV)/bin/python -m pip install --upgrade "pip>=24" && $(VENV)/bin/python -m pip install -e ".[server,devstack]"'
+	@$(PROGRESS) "project venv $(VENV) (GPUStack + the plugin)" $(SETUP_LOGS)/venv.log -- \
+	  $(VENV_INSTALL) $(VENV) -e ".[server,devstack]"
 	@touch $(SERVER_STAMP)
 
 $(STAMP): $(SERVER_STAMP)
 	@$(PROGRESS) "test tools in $(VENV) (pytest, Playwright, ...)" $(SETUP_LOGS)/venv-dev.log -- \
-	  $(VENV)/bin/python -m pip install -e '.[server,devstack,dev]'
+	  $(VENV_INSTALL) $(VENV) -e '.[server,devstack,dev]'
 	@touch $(STAMP)
 
 # Same lock as the CPU image, --no-deps: keeps out the CUDA builds of torchvision/torchaudio/
 # torchcodec/triton that PyPI would pull beside the CPU torch (they break vLLM's imports).
 worker-venv: $(WORKER_STAMP)
 
-$(WORKER_STAMP): pyproject.toml $(WORKER_LOCK)
+$(WORKER_STAMP): pyproject.toml $(WORKER_LOCK) | $(UV)
 	@$(PYTHON) -m venv $(WORKER_VENV)
 	@$(PROGRESS) "worker venv $(WORKER_VENV) (vLLM for CPU, the CPU image's lock)" $(SETUP_LOGS)/worker-venv.log -- sh -c \
-	  '$(WORKER_VENV)/bin/python -m pip install --upgrade "pip>=24" \
-	   && $(WORKER_VENV)/bin/python -m pip install --no-deps -r $(WORKER_LOCK) \
-	   && $(WORKER_VENV)/bin/python -m pip install --no-deps -e .'
+	  '$(VENV_INSTALL) $(WORKER_VENV) --no-deps -r $(WORKER_LOCK) && $(VENV_INSTALL) $(WORKER_VENV) --no-deps -e .'
 	@touch $(WORKER_STAMP)
+
+# The CPU image's Debian base and runtime base (standard library only: no venv needed).
+image-base:
+	@PYTHONPATH=$(CURDIR) $(PYTHON) -m gpustack_dspark.devstack image --base
 
 # Two pytest-xdist workers, a module (or a group of modules, tests/xdist_groups.py) per
 # unit of work, in the order collected: most integration tests wait on processes, so two

@@ -2,6 +2,10 @@
 # Build the CPU DSpark worker image with Podman, no registry and no download.
 #
 #   backend_images/build-local.sh            -> prints the image name (stdout) when done
+#   backend_images/build-local.sh --name     -> prints the name the image will have; builds nothing
+#   backend_images/build-local.sh --base     -> makes only the Debian base, the pause image and
+#                                               the runtime base (no venv needed); prints the
+#                                               runtime base's name
 #
 # - The Debian base is made once per machine with debootstrap and imported into Podman
 #   (nothing is pulled); from it, a tiny pause image for GPUStack's Podman deployer and the
@@ -24,6 +28,11 @@
 # DSPARK_WORKER_VENV, PYTHON (builds the package wheel; default .venv/bin/python), PODMAN.
 set -euo pipefail
 
+mode="${1:-}"
+case "$mode" in
+  ""|--name|--base) ;;
+  *) echo "usage: $0 [--name|--base] (got '$mode')" >&2; exit 2 ;;
+esac
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BASE="${DSPARK_BASE_IMAGE:-localhost/debian-minbase:bookworm}"
 PAUSE="${DSPARK_PAUSE_IMAGE:-localhost/gpustack-dspark-pause:1}"
@@ -40,6 +49,11 @@ RUNTIME="localhost/gpustack-dspark-cpu-base:bookworm-$( (hash_files backend_imag
   | sha256sum | cut -c1-12)"
 HASHED="localhost/gpustack-dspark-worker:cpu-$( (hash_files backend_images/cpu pyproject.toml README.md gpustack_dspark \
   ui-patches; echo "$RUNTIME") | sha256sum | cut -c1-16)"
+
+if [ "$mode" = --name ]; then
+  echo "$HASHED"
+  exit 0
+fi
 
 tag_extra() { if [ -n "${DSPARK_IMAGE:-}" ]; then pm tag "$HASHED" "$DSPARK_IMAGE" >&2; fi; }
 limits=()
@@ -65,6 +79,19 @@ if ! pm image exists "$PAUSE"; then
     | pm build --network none -t "$PAUSE" -f - "$ROOT/backend_images" >&2
 fi
 
+make_runtime_base() {
+  if ! pm image exists "$RUNTIME"; then
+    log "making the runtime base $RUNTIME: python3.11 from Debian (once per machine)"
+    pm build --network host "${limits[@]}" -f "$ROOT/backend_images/cpu/Containerfile.base" \
+      --build-arg "BASE_IMAGE=$BASE" -t "$RUNTIME" "$ROOT/backend_images" >&2
+  fi
+}
+if [ "$mode" = --base ]; then
+  make_runtime_base
+  echo "$RUNTIME"
+  exit 0
+fi
+
 if pm image exists "$HASHED"; then
   tag_extra
   echo "$HASHED"
@@ -78,11 +105,7 @@ log "checking the worker venv $WORKER_VENV against the lock"
 site="$(python3 "$ROOT/backend_images/cpu/venv_for_image.py" "$WORKER_VENV" \
   "$ROOT/backend_images/cpu/requirements.lock" "$stage/exclude")"
 
-if ! pm image exists "$RUNTIME"; then
-  log "making the runtime base $RUNTIME: python3.11 from Debian (once per machine)"
-  pm build --network host "${limits[@]}" -f "$ROOT/backend_images/cpu/Containerfile.base" \
-    --build-arg "BASE_IMAGE=$BASE" -t "$RUNTIME" "$ROOT/backend_images" >&2
-fi
+make_runtime_base
 
 log "building this package's wheel"
 wheel_dir="$ROOT/build/cpu-image-wheel"

@@ -20,76 +20,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from gpustack_dspark.backend_ids import replica_info, replica_url  # noqa: F401 (re-exported for tests and the demo)
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
+from gpustack_dspark.devstack.image import ImageBuild, cpu_image_name
 from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
 from gpustack_dspark.devstack.postgres import Postgres, free_port
-from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range
 from gpustack_dspark.settings import PluginSettings
 
-BUILD_SCRIPT = REPO_ROOT / "backend_images" / "build-local.sh"
 RUNNING = "running"
-
-
-def _is_progress(line: str) -> bool:
-    """The build lines a person watching wants: the script's own and each Podman step."""
-    return line.startswith("[build-local]") or bool(re.match(r"STEP \d+/\d+: ", line))
-
-
-def build_cpu_image(config: podman_host.PodmanConfig, log_path: Path, timeout_s: float = 1800,
-                    on_line: Optional[Callable[[str], None]] = None) -> str:
-    """backend_images/build-local.sh with this host's Podman settings; returns the image.
-
-    Its whole output goes to log_path; `on_line` gets each "[build-local] ..." and Podman
-    "STEP n/m: ..." line as it comes. The script runs in a process group of its own, stopped
-    with it when the caller is interrupted (a demo stopped during the build)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([str(BUILD_SCRIPT)], env={**os.environ, **config.env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
-
-        def pump() -> None:
-            for raw in proc.stderr:
-                log.write(raw)
-                log.flush()
-                line = raw.decode(errors="replace").rstrip()
-                if on_line is not None and _is_progress(line):
-                    on_line(line[:160])
-
-        out: List[bytes] = []
-        readers = [threading.Thread(target=pump, name="dspark-image-build-log", daemon=True),
-                   threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)]
-        for reader in readers:
-            reader.start()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop_group(proc)
-            raise RuntimeError(f"building the CPU DSpark image took over {timeout_s:.0f}s; log {log_path}")
-        except BaseException:  # interrupted (a stop signal): end the build too
-            _stop_group(proc)
-            raise
-        finally:
-            for reader in readers:
-                reader.join(timeout=10)
-    if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"building the CPU DSpark image failed (exit {proc.returncode}); "
-                           f"log {log_path}:\n{tail}")
-    return b"".join(out).decode().strip().splitlines()[-1]
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 20) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @dataclass
@@ -167,6 +105,7 @@ class ContainerStack:
     say: Callable[[str], None] = print
     phases: Dict[str, float] = field(default_factory=dict)
     image: Optional[str] = None
+    image_build: Optional[ImageBuild] = None
     podman: Optional[podman_host.PodmanConfig] = None       # the machine's store (images)
     run_podman: Optional[podman_host.PodmanConfig] = None   # this run's containers
     service: Optional[podman_host.PodmanService] = None
@@ -193,8 +132,11 @@ class ContainerStack:
         return time.monotonic()
 
     def start_platform(self) -> "ContainerStack":
-        """Everything up to a READY, labelled worker that deploys with Podman.
+        """Everything up to a READY, labelled worker that deploys with Podman, and the image.
 
+        The image builds in the background (its name, a hash of its inputs, is known at once)
+        while PostgreSQL, GPUStack and the worker start: about 30 s of a cold ~110 s build
+        hidden; GPUStack only needs the name until a replica is deployed, after this returns.
         Each part is recorded on the stack before it starts, so a stop at any moment (the
         demo's signals interrupt this) finds everything already started in stop()."""
         self.base.mkdir(parents=True, exist_ok=True)
@@ -208,10 +150,10 @@ class ContainerStack:
             step.update(line=line, t=time.monotonic())
             self.say(f"[stack] image: {line}")
 
-        t = self._begin("image", f"finding or building the CPU DSpark image (log {build_log})",
-                        lambda: f"{step['line'][:70]} ({time.monotonic() - step['t']:.0f}s; log {build_log})")
-        self.image = build_cpu_image(self.podman, build_log, on_line=on_build_line)
-        self._phase("image", t)
+        image_t = time.monotonic()
+        self.image = cpu_image_name(self.podman)
+        self.say(f"[stack] image: finding or building {self.image} in the background (log {build_log})")
+        self.image_build = ImageBuild(self.podman, build_log, on_line=on_build_line).start()
         t = self._begin("postgres", "starting PostgreSQL")
         self.postgres = Postgres(data_dir=self.base / "postgres", port=free_port())
         self.postgres.start()
@@ -238,6 +180,13 @@ class ContainerStack:
                                      extra_env=self.service.worker_env(), service_port_range=free_port_range())
         self.worker.start(self.api, labels=dict([PluginSettings().json_label]))
         self._phase("worker", t)
+        self._begin("image", f"waiting for the image build (log {build_log})",
+                    lambda: f"{step['line'][:70]} ({time.monotonic() - step['t']:.0f}s; log {build_log})")
+        built = self.image_build.wait()
+        if built != self.image:
+            raise RuntimeError(f"the image was built as {built}, not {self.image} (its inputs changed during "
+                               "the build?); run again")
+        self._phase("image", image_t)
         return self
 
     def _replica_detail(self) -> str:
@@ -323,6 +272,8 @@ class ContainerStack:
         Returns what could not be cleaned up (empty when everything is gone)."""
         problems: List[str] = []
         steps = []
+        if self.image_build is not None and self.image_build.running:
+            steps.append(("stop the image build", self.image_build.stop))
         if self.model is not None and self.api is not None:
             steps.append(("delete the model", lambda: self.delete_model(60)))
         if self.watch is not None:
