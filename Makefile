@@ -23,12 +23,14 @@ SETUP_LOGS := $(or $(TMPDIR),/tmp)/gpustack-dspark-setup
 # venvs, helm, and each job prints its own progress lines).
 setup: system
 	@$(MAKE) --no-print-directory -j4 venv worker-venv tools
-# What `make demo` needs: no Chromium, promtool, helm or test-only Python packages. The image's
-# Debian base (debootstrap, then python3.11 from Debian: once per machine, ~60 s, network-bound)
-# is made while the venvs install (CPU-bound); the image itself needs the worker venv, and is
-# built by the demo while GPUStack starts (devstack/container_stack.py).
-demo-setup: system-demo
-	@$(MAKE) --no-print-directory -j3 venv-server worker-venv image-base
+# What `make demo` needs: no Chromium, promtool, helm or test-only Python packages. All at once
+# (a fresh machine: 2 cores, CPU- and network-bound steps side by side): the system packages;
+# the venvs (uv; the project venv at a lower priority: the worker venv is on the critical path,
+# worker venv -> image -> replicas); the image's Debian base (debootstrap, then python3.11 from
+# Debian: once per machine, mostly network) once Podman and debootstrap are installed. The image
+# itself needs the worker venv and is built by the demo while GPUStack starts.
+demo-setup:
+	@$(MAKE) --no-print-directory -j4 system-demo venv-server worker-venv image-base
 
 # System packages (PostgreSQL server binaries, Podman, ...); installed only if missing.
 system:
@@ -50,6 +52,8 @@ UV_DIR := .tools/uv-$(UV_VERSION)
 UV := $(CURDIR)/$(UV_DIR)/bin/uv
 export UV
 VENV_INSTALL := bash scripts/venv-install.sh
+# A venv with pip (seeded by uv: instant; `python -m venv` runs ensurepip, ~5 s each).
+MAKE_VENV = $(UV) venv -q --seed --allow-existing --python $(PYTHON) $(1) 2>/dev/null || $(PYTHON) -m venv $(1)
 
 $(UV):
 	@$(PROGRESS) "uv $(UV_VERSION) (installs the venvs)" $(SETUP_LOGS)/uv.log -- sh -c \
@@ -60,9 +64,9 @@ venv-server: $(SERVER_STAMP)
 venv: $(STAMP)
 
 $(SERVER_STAMP): pyproject.toml | $(UV)
-	@$(PYTHON) -m venv $(VENV)
+	@$(call MAKE_VENV,$(VENV))
 	@$(PROGRESS) "project venv $(VENV) (GPUStack + the plugin)" $(SETUP_LOGS)/venv.log -- \
-	  $(VENV_INSTALL) $(VENV) -e ".[server,devstack]"
+	  nice -n 10 $(VENV_INSTALL) $(VENV) -e ".[server,devstack]"
 	@touch $(SERVER_STAMP)
 
 $(STAMP): $(SERVER_STAMP)
@@ -75,13 +79,13 @@ $(STAMP): $(SERVER_STAMP)
 worker-venv: $(WORKER_STAMP)
 
 $(WORKER_STAMP): pyproject.toml $(WORKER_LOCK) | $(UV)
-	@$(PYTHON) -m venv $(WORKER_VENV)
+	@$(call MAKE_VENV,$(WORKER_VENV))
 	@$(PROGRESS) "worker venv $(WORKER_VENV) (vLLM for CPU, the CPU image's lock)" $(SETUP_LOGS)/worker-venv.log -- sh -c \
 	  '$(VENV_INSTALL) $(WORKER_VENV) --no-deps -r $(WORKER_LOCK) && $(VENV_INSTALL) $(WORKER_VENV) --no-deps -e .'
 	@touch $(WORKER_STAMP)
 
 # The CPU image's Debian base and runtime base (standard library only: no venv needed).
-image-base:
+image-base: system-demo
 	@PYTHONPATH=$(CURDIR) $(PYTHON) -m gpustack_dspark.devstack image --base
 
 # Two pytest-xdist workers, a module (or a group of modules, tests/xdist_groups.py) per

@@ -23,5 +23,5 @@ while IFS= read -r line; do
     SSL_CERT_FILE=*) export SSL_CERT_FILE="${line#SSL_CERT_FILE=}" ;;
     *) args+=("$line") ;;
   esac
-done < <(python3 "$ROOT/scripts/uv_args.py" "$venv/bin/python")
+done < <(python3 "$ROOT/scripts/uv_args.py" "$(dirname "$UV")/python")
 exec "$UV" pip install --python "$venv/bin/python" --compile-bytecode "${args[@]}" "$@"

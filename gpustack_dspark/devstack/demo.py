@@ -148,8 +148,8 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
     code = 1
     try:
         say(f"[demo] state in {base} (log {base / DEMO_LOG})")
-        say("[demo] the CPU DSpark image is reused while its inputs are unchanged; "
-            "else it is built from the worker venv (about a minute)")
+        say("[demo] the CPU DSpark image is reused while its inputs are unchanged; else it is built "
+            "from the worker venv while GPUStack starts (about two minutes cold, seconds after a code change)")
         stack.start_platform()
         out.phase("plugin status")
         status = stack.api.get("/v2/dspark/status")
