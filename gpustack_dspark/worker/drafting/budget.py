@@ -11,21 +11,10 @@ for the `dspark` method and of SmartSpec, arXiv 2406.14066, ported to the schedu
   confidence predicted for the tokens the verifier reached there (`AcceptanceModel`). So a
   forced token that the model spells differently, or n-gram guesses that keep failing, lose
   survival from what was measured, not from a rule.
-- **Step time**, two lines fitted by exponentially weighted least squares on this replica's
-  own steps (warmup steps count; `StepTimeModel`): T_verify(tokens) = a + b * tokens for steps
-  that verify drafts (their time includes building the next drafts), and T_plain for steps
-  that verify none and build none. They differ by more than the tokens: a verifying step
-  pays the rejection sampler, the drafts' logits and the layer's own drafting (on the
-  3 M-parameter fixture at temperature 1 and 8 requests, 24-26 ms against ~8 ms for 9x fewer
-  tokens), which one line through both kinds of steps cannot see: fitted only on verifying
-  steps it priced "no drafts" at a verifying step's cost, and speculation never turned off
-  where it lost (0.74x at concurrency 8, issue 26). So each line is measured: while
-  speculating, one step in `explore_every` verifies and builds nothing (the plain line's
-  sample); while off, every step is a plain sample, and one probe in `reverify_every`
-  verifies its drafts whatever the decision (the verifying line's sample). Until the plain
-  line has samples, the verifying line prices both, as before.
-- **Choice**: rank every (request, position) slot by survival; verifying the top K > 0 slots
-  yields R + sum(survival) tokens in T_verify(base + K) seconds, K = 0 R in T_plain(base), where R is the number of decoding
+- **Step time** T(tokens) = a + b * tokens, fitted by exponentially weighted least squares
+  on this replica's own steps (warmup steps count; `StepTimeModel`).
+- **Choice**: rank every (request, position) slot by survival; verifying the top K slots
+  yields R + sum(survival) tokens in T(base + K) seconds, where R is the number of decoding
   requests and base the tokens scheduled anyway (one per decoding request plus waiting
   prefills). The K with the highest rate wins, K = 0 (speculation off) included. Survival is
   non-increasing along a draft, so the top K slots are a prefix of each draft.
@@ -53,10 +42,6 @@ class BudgetConfig:
     acceptance_forgetting: float = 0.995
     prior_tokens: float = 8.0       # pseudo-observations at calibration 1 per (kind, position)
     probe_every: int = 16           # while off, build drafts on one step in this many
-    reverify_every: int = 4         # while off, verify the drafts of one probe in this many
-    explore_every: int = 64         # while on, one step in this many verifies and builds nothing
-    plain_forgetting: float = 0.8   # weight kept per plain-step sample (they are sparse while on)
-    min_plain_steps: int = 2        # plain steps measured before their line prices K = 0
 
 
 class StepTimeModel:
@@ -149,13 +134,11 @@ class Decision:
 
 
 def best_slots(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
-               a: float, b: float, slot_cap: int, plain: Optional[Tuple[float, float]] = None
-               ) -> Tuple[int, List[float], List[float]]:
-    """(best K, the ranked slot survivals, rate for every K = 0..len) for a verifying step's
-    time model (a, b) and a plain step's (`plain`; None: the verifying one)."""
+               a: float, b: float, slot_cap: int) -> Tuple[int, List[float], List[float]]:
+    """(best K, the ranked slot survivals, rate for every K = 0..len) for a time model (a, b)."""
     ranked = sorted((s for draft in survivals for s in draft), reverse=True)[: max(slot_cap, 0)]
     rates, gained = [], base_output
-    rates.append(gained / _time(*(plain or (a, b)), base_tokens))
+    rates.append(gained / _time(a, b, base_tokens))
     for k, s in enumerate(ranked, start=1):
         gained += s
         rates.append(gained / _time(a, b, base_tokens + k))
@@ -169,13 +152,13 @@ def _time(a: float, b: float, tokens: int) -> float:
 
 def decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
            model: Optional[Tuple[float, float]], slot_cap: int, previous_cutoff: Optional[float],
-           hysteresis: float, plain: Optional[Tuple[float, float]] = None) -> Decision:
+           hysteresis: float) -> Decision:
     """The draft length per request (a prefix of each draft) for this step."""
     full = [len(s) for s in survivals]
     if model is None:
         return Decision(full, 0.0, None, None, "step-time model not profiled yet: drafts as built")
     a, b = model
-    k_best, ranked, rates = best_slots(survivals, base_tokens, base_output, a, b, slot_cap, plain)
+    k_best, ranked, rates = best_slots(survivals, base_tokens, base_output, a, b, slot_cap)
     cutoff = ranked[k_best - 1] if k_best else math.inf
     if previous_cutoff is not None:
         k_prev = sum(1 for s in ranked if s >= previous_cutoff)
@@ -188,11 +171,9 @@ def decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: 
         elif not any(full):
             reason = "no drafts this step"
         else:
-            plain_line = "" if plain is None else (f"; plain T = {plain[0] * 1e3:.2f} ms + "
-                                                   f"{plain[1] * 1e3:.3f} ms/token")
             reason = (f"off: expected {rates[0]:.1f} tok/s without drafts >= with them "
                       f"(best {max(rates[1:]) if len(rates) > 1 else 0:.1f}; T = {a * 1e3:.2f} ms + "
-                      f"{b * 1e3:.3f} ms/token{plain_line})")
+                      f"{b * 1e3:.3f} ms/token)")
     else:
         reason = f"on: {k_best} draft tokens, expected {rates[k_best]:.1f} tok/s vs {rates[0]:.1f} without"
     return Decision(lengths, cutoff, rates[k_best], rates[0], reason)
@@ -221,8 +202,6 @@ class BudgetCounters:
     tokens_offered: int = 0             # draft tokens built
     tokens_kept: int = 0                # of them, kept for verification
     steps_capped_by_prefill: int = 0    # steps where waiting prefills limited the drafts
-    plain_steps_measured: int = 0       # steps timed for the plain line (explored while on, or off)
-    probes_verified: int = 0            # while off, probes whose drafts were verified to re-time them
 
 
 @dataclass
@@ -235,52 +214,24 @@ class SpeculationBudget:
         self.time = StepTimeModel(self.config.forgetting)
         self.acceptance = AcceptanceModel(self.config.max_length, self.config.acceptance_forgetting,
                                           self.config.prior_tokens)
-        self.plain = StepTimeModel(self.config.plain_forgetting)
         self.cutoff: Optional[float] = None
         self.counters = BudgetCounters()
         self.last: Optional[Decision] = None
         self.last_kept = 0
         self._since_probe = 0
-        self._probes = 0
-        self._verify_probe = False
-        self._since_explore = 0
-        self._exploring = 0
 
     def model(self) -> Optional[Tuple[float, float]]:
         return self.time.fit() if self.time.steps >= self.config.min_steps else None
 
-    def plain_model(self) -> Optional[Tuple[float, float]]:
-        return self.plain.fit() if self.plain.steps >= self.config.min_plain_steps else None
-
-    def observe_step(self, tokens: int, seconds: float, verified: bool, built_after: int) -> None:
-        """One step's time, to the line of its kind: verifying (drafts were verified), plain
-        (none verified, none built after it), or neither (a plain step that built drafts)."""
-        if verified:
-            self.time.observe(tokens, seconds)
-        elif built_after == 0:
-            self.plain.observe(tokens, seconds)
-            self.counters.plain_steps_measured += 1
-
     def build_length(self) -> int:
         """How long the layer should build drafts next step: all the way while speculation is
-        on (or not decided yet), except twice in a row every `explore_every` steps once the
-        model is in use (the step after the first verifies nothing and builds nothing: a plain
-        sample); while off, only on a probe step, so the decision is revisited without paying
-        the drafting cost every step."""
+        on (or not decided yet); while off, only on a probe step, so the decision is revisited
+        without paying the drafting cost every step."""
         if self.last is None or self.cutoff is None or math.isfinite(self.cutoff):
-            if self._exploring:
-                self._exploring -= 1
-                return 0
-            self._since_explore += 1
-            if self.model() is not None and self._since_explore >= self.config.explore_every:
-                self._since_explore, self._exploring = 0, 1
-                return 0
             return self.config.max_length
         self._since_probe += 1
         if self._since_probe >= self.config.probe_every:
             self._since_probe = 0
-            self._probes += 1
-            self._verify_probe = self._probes % self.config.reverify_every == 0
             return self.config.max_length
         return 0
 
@@ -291,18 +242,7 @@ class SpeculationBudget:
                      for kinds, confs in drafts]
         offered = sum(len(s) for s in survivals)
         decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
-                          self.config.hysteresis, self.plain_model())
-        if self._verify_probe and offered:
-            # While off, the verifying line gets no samples: this probe's drafts are verified
-            # whatever the decision (the cutoff stays off unless the decision itself says on).
-            self._verify_probe = False
-            self.counters.probes_verified += 1
-            forced, room = [], max(slot_cap, 0)
-            for survival in survivals:
-                forced.append(min(len(survival), room))
-                room -= forced[-1]
-            decision = Decision(forced, decision.cutoff, decision.expected_rate, decision.rate_without,
-                                "probe: verifying the drafts to re-time a verifying step; " + decision.reason)
+                          self.config.hysteresis)
         c = self.counters
         c.steps += 1
         c.tokens_offered += offered
@@ -316,16 +256,13 @@ class SpeculationBudget:
         return decision
 
     def snapshot(self) -> Dict[str, object]:
-        model, plain = self.time.fit(), self.plain.fit()
+        model = self.time.fit()
         last = self.last
         return {
             "max_length": self.config.max_length,
             "time_model": None if model is None else {
                 "a_ms": round(model[0] * 1e3, 4), "b_ms_per_token": round(model[1] * 1e3, 5),
                 "steps": self.time.steps, "in_use": self.model() is not None},
-            "plain_time_model": None if plain is None else {
-                "a_ms": round(plain[0] * 1e3, 4), "b_ms_per_token": round(plain[1] * 1e3, 5),
-                "steps": self.plain.steps, "in_use": self.plain_model() is not None},
             "cutoff": None if self.cutoff is None else (None if math.isinf(self.cutoff) else round(self.cutoff, 4)),
             "speculating": None if self.cutoff is None else math.isfinite(self.cutoff),
             "last_step_draft_tokens": self.last_kept,

@@ -5,9 +5,7 @@ Called from DSparkDraftingScheduler (scheduler.py) at four points of one engine 
 synchronous scheduling: schedule -> model -> update_from_output -> update_draft_token_ids):
 `before_schedule` (trim the drafts built last step), `after_schedule` (tokens scheduled),
 `after_update` and `after_drafts` (step time = schedule start to drafts built, so the layer's
-own drafting time is part of what a draft token costs). Each step's time goes to the budget's
-line of its kind (`SpeculationBudget.observe_step`): verifying (it verified drafts) or plain
-(it verified none and `build_length` built none after it).
+own drafting time is part of what a draft token costs).
 
 vLLM internals used here (instance attributes, checked by `check_scheduler` at start, the
 class attributes are in the vLLM seam, worker/vllm_seam/names.py): Scheduler.running / .waiting /
@@ -71,22 +69,16 @@ class BudgetGlue:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._verified = False
-        self._pending: Optional[Tuple[int, float, float, bool]] = None
-        self._built_after: Optional[int] = None
+        self._pending: Optional[Tuple[int, float, float]] = None
 
     def build_length(self) -> int:
-        n = self.budget.build_length()
-        if self._pending is not None:
-            self._built_after = n
-        return n
+        return self.budget.build_length()
 
     def before_schedule(self, scheduler, confidences: Dict[str, List[float]], kinds: Dict[str, List[str]]) -> None:
         self._close(None)
         self._t0 = time.perf_counter()
         running = list(scheduler.running)
         drafted = [r for r in running if r.spec_token_ids]
-        self._verified = False
         decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
         if not drafted:
@@ -105,15 +97,14 @@ class BudgetGlue:
                     kinds[rid] = kinds[rid][:length]
                 if rid in confidences:
                     confidences[rid] = confidences[rid][:length]
-        self._verified = sum(decision.lengths) > 0
 
     def after_schedule(self, scheduler_output) -> None:
         self._tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
 
     def after_update(self) -> None:
         if self._t0 is not None:
-            self._pending = (self._tokens, self._t0, time.perf_counter(), self._verified)
-            self._t0, self._built_after = None, None
+            self._pending = (self._tokens, self._t0, time.perf_counter())
+            self._t0 = None
 
     def after_drafts(self) -> None:
         self._close(time.perf_counter())
@@ -123,9 +114,8 @@ class BudgetGlue:
         end of its update_from_output."""
         if self._pending is None:
             return
-        tokens, t0, updated, verified = self._pending
-        built = self._built_after if self._built_after is not None else self.budget.config.max_length
-        self.budget.observe_step(tokens, (end if end is not None else updated) - t0, verified, built)
+        tokens, t0, updated = self._pending
+        self.budget.time.observe(tokens, (end if end is not None else updated) - t0)
         self._pending = None
 
     def sync(self, counters) -> None:
