@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
