@@ -19,6 +19,7 @@ class Result:
     content: str = ""
     error: str = ""
     ttft_s: Optional[float] = None  # streamed requests: time to the first content
+    finish_reason: str = ""  # "length": cut at max_tokens, so not a format error of its own
 
 
 @dataclass
@@ -41,6 +42,16 @@ class RunStats:
 
     def latency_percentile(self, q: float) -> float:
         return percentile([r.latency_s for r in self.ok], q)
+
+    @property
+    def truncated(self) -> int:
+        """Answered replies cut at max_tokens (finish_reason "length")."""
+        return sum(1 for r in self.ok if r.finish_reason == "length")
+
+    def count_format_errors(self, check: Callable[[str], bool]) -> None:
+        """Replies that fail `check`, not counting those cut at max_tokens: a cut reply is
+        incomplete by the client's choice, counted in `truncated` instead."""
+        self.format_errors = sum(1 for r in self.ok if r.finish_reason != "length" and not check(r.content))
 
     @property
     def format_error_rate(self) -> float:
@@ -74,8 +85,10 @@ async def run_load(base_url: str, bodies: List[Dict[str, Any]], concurrency: int
                         results.append(Result(latency, r.status_code, error=r.text[:200]))
                         return
                     data = r.json()
+                    choice = data["choices"][0]
                     results.append(Result(latency, 200, int(data["usage"]["completion_tokens"]),
-                                          data["choices"][0]["message"]["content"] or ""))
+                                          choice["message"]["content"] or "",
+                                          finish_reason=choice.get("finish_reason") or ""))
                 except httpx.HTTPError as e:
                     results.append(Result(time.perf_counter() - started, 0, error=f"{type(e).__name__}: {e}"))
 
@@ -83,7 +96,7 @@ async def run_load(base_url: str, bodies: List[Dict[str, Any]], concurrency: int
         await asyncio.gather(*(one(b) for b in bodies))
         stats = RunStats(time.perf_counter() - started, results)
     if check is not None:
-        stats.format_errors = sum(1 for r in stats.ok if not check(r.content))
+        stats.count_format_errors(check)
     return stats
 
 

@@ -49,6 +49,7 @@ def figures(run: TargetRun) -> Dict[str, Any]:
         "output_tok_s": _num(stats.tokens_per_s),
         "request_s": _num(len(ok) / stats.wall_s if stats.wall_s > 0 else math.nan),
         "format_errors": stats.format_errors, "format_error_rate": _num(stats.format_error_rate) if ok else None,
+        "truncated": stats.truncated,
         "acceptance_rate": _num(run.spec.get("acceptance_rate", math.nan)),
         "tokens_per_forward": _num(run.spec.get("tokens_per_verify", math.nan)),
         "drafted_tokens": _num(run.spec.get("drafted", math.nan)),
@@ -78,7 +79,7 @@ def as_json(runs: List[Dict[str, Any]], settings: Dict[str, Any]) -> str:
 
 
 def as_csv(runs: List[Dict[str, Any]]) -> str:
-    keys = ["target", "model"] + [k for k, _l, _f in ROWS] + ["format_errors", "drafted_tokens", "accepted_tokens"]
+    keys = ["target", "model"] + [k for k, _l, _f in ROWS] + ["format_errors", "truncated", "drafted_tokens", "accepted_tokens"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

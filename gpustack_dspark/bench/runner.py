@@ -161,8 +161,9 @@ async def _one(client: httpx.AsyncClient, target: str, body: Dict[str, Any], set
             if response.status_code != 200:
                 return Result(latency, response.status_code, error=f"HTTP {response.status_code}: {response.text[:200]}")
             data = response.json()
+            choice = data["choices"][0]
             return Result(latency, 200, int((data.get("usage") or {}).get("completion_tokens") or 0),
-                          data["choices"][0]["message"]["content"] or "")
+                          choice["message"]["content"] or "", finish_reason=choice.get("finish_reason") or "")
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         async with client.stream("POST", f"{target}/v1/chat/completions", json=body, headers=headers,
                                  timeout=settings.timeout_s) as response:
@@ -181,6 +182,7 @@ async def _read_stream(response: httpx.Response, started: float) -> Result:
     usage_tokens: Optional[int] = None
     chunks = 0
     error = ""
+    finish_reason = ""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
@@ -194,6 +196,7 @@ async def _read_stream(response: httpx.Response, started: float) -> Result:
         if event.get("usage"):
             usage_tokens = int(event["usage"].get("completion_tokens") or 0)
         for choice in event.get("choices") or []:
+            finish_reason = choice.get("finish_reason") or finish_reason
             piece = (choice.get("delta") or {}).get("content")
             if piece:
                 chunks += 1
@@ -203,7 +206,8 @@ async def _read_stream(response: httpx.Response, started: float) -> Result:
     latency = time.perf_counter() - started
     if error:
         return Result(latency, 0, error=f"stream error: {error}")
-    return Result(latency, 200, usage_tokens if usage_tokens is not None else chunks, "".join(parts), ttft_s=ttft)
+    return Result(latency, 200, usage_tokens if usage_tokens is not None else chunks, "".join(parts), ttft_s=ttft,
+                  finish_reason=finish_reason)
 
 
 async def run_target(target: str, model: Optional[str], settings: Settings, metrics_urls: Optional[List[str]],
@@ -235,7 +239,7 @@ async def run_target(target: str, model: Optional[str], settings: Settings, metr
         stats = RunStats(time.perf_counter() - started, results)
         progress.close()
         after = await read_counters(client, urls, model, settings.api_key)
-    stats.format_errors = sum(1 for r in stats.ok if not settings.check(r.content))
+    stats.count_format_errors(settings.check)
     run = TargetRun(target, model, stats, metrics_source=", ".join(urls))
     if before is not None and after is not None:
         run.spec = acceptance(before, after)

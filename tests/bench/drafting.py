@@ -112,20 +112,21 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             "acceptance": spec["acceptance_rate"],
             "forced_acceptance": forced["accepted"] / reached if reached else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
-            "format_errors": stats.format_errors, "failed": len(stats.results) - len(stats.ok)}
+            "format_errors": stats.format_errors, "truncated": stats.truncated,
+            "failed": len(stats.results) - len(stats.ok)}
 
 
 def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     base = rows[0][1]["tok_s"] if rows else math.nan
     print(f"\n{workload}")
     print(f"{'variant':40}{'tok/s':>9}{'x none':>8}{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}"
-          f"{'tok/fwd':>9}{'fmt err':>8}")
+          f"{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
     for name, f in rows:
         ratio = f["tok_s"] / base if base else math.nan
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
         forced = "-" if math.isnan(f.get("forced_acceptance", math.nan)) else f"{f['forced_acceptance']:.3f}"
         print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}"
-              f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}")
+              f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
 
 
 def main(argv=None) -> None:

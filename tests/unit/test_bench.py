@@ -122,3 +122,15 @@ def test_the_budget_trace_is_fixed_by_its_seed_and_counts_busy_time_once():
     # Overlapping requests count their shared seconds once; idle gaps do not count.
     results = [{"at": 0.0, "done": 1.0}, {"at": 0.5, "done": 2.0}, {"at": 3.0, "done": 4.0}]
     assert budget_trace.busy_seconds(results) == 3.0 and budget_trace.busy_seconds([]) == 0.0
+
+
+def test_a_reply_cut_at_max_tokens_is_counted_as_cut_not_as_a_format_error():
+    results = [Result(0.1, 200, 5, '{"a": 1}', finish_reason="stop"),
+               Result(0.1, 200, 8, '{"a": "unfinis', finish_reason="length"),
+               Result(0.1, 200, 5, '{"a": oops}', finish_reason="stop"),
+               Result(0.1, 500, error="HTTP 500: boom")]
+    stats = RunStats(1.0, results)
+    stats.count_format_errors(lambda text: text.endswith("}") and "oops" not in text)
+    assert stats.format_errors == 1 and stats.truncated == 1
+    figures = report.figures(TargetRun("http://127.0.0.1:1", "m", stats, metrics_source="none"))
+    assert figures["format_errors"] == 1 and figures["truncated"] == 1
