@@ -41,7 +41,7 @@ DSPARK_FAMILIES: Dict[str, Dict[str, str]] = {
     "dspark_schema_violations": {"type": "Counter", "description": "DSpark replies withheld for breaking the schema"},
     "dspark_grammar_requests": {"type": "Counter",
                                 "description": "DSpark schema requests by grammar engine outcome (llguidance, "
-                                               "not_enforced, second_attempt, second_attempt_served)"},
+                                               "not_enforced, second_attempt, second_attempt_served, stream_checked)"},
     # The drafting layer's counters (worker/drafting/stats.py).
     **{name[: -len("_total")]: {"type": "Counter", "description": help_text}
        for name, help_text, _ in DRAFTING_METRICS},

@@ -42,7 +42,7 @@ INFO = "dspark_replica"  # _info
 REQUEST_ACTIONS = ("json_injected", "legacy_converted", "kept", "rejected")
 # State counters -> the `what` label of dspark_grammar_requests_total (the two grammar engines).
 GRAMMAR_WHATS = {"engine_llguidance": "llguidance", "relaxed": "not_enforced", "second_attempts": "second_attempt",
-                 "second_attempt_served": "second_attempt_served"}
+                 "second_attempt_served": "second_attempt_served", "streams_checked": "stream_checked"}
 
 CollectorFn = Callable[[], Iterable]
 _extra: List[CollectorFn] = []
@@ -88,13 +88,15 @@ def state_families(state: worker_state.WorkerState) -> Iterator:
     for action in REQUEST_ACTIONS:
         requests.add_metric([model, action], counters.get(action, 0))
     yield requests
-    violations = CounterMetricFamily(SCHEMA_VIOLATIONS, "Finished replies withheld (HTTP 500) because they broke the "
-                                     "requested schema", labels=["model_name"])
+    violations = CounterMetricFamily(SCHEMA_VIOLATIONS, "Finished replies withheld (HTTP 500, or a stream's error event "
+                                     "in place of its end) because they broke the requested schema",
+                                     labels=["model_name"])
     violations.add_metric([model], counters.get("schema_violations", 0))
     yield violations
     grammar = CounterMetricFamily(GRAMMAR_REQUESTS, "Schema requests by how the grammar engines served them: "
                                   "llguidance, not_enforced (lenient or relaxed; the reply is checked), "
-                                  "second_attempt, second_attempt_served", labels=["model_name", "what"])
+                                  "second_attempt, second_attempt_served, stream_checked (streamed replies judged "
+                                  "whole before their end went out)", labels=["model_name", "what"])
     for key, what in GRAMMAR_WHATS.items():
         grammar.add_metric([model, what], counters.get(key, 0))
     yield grammar

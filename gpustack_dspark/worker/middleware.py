@@ -10,8 +10,10 @@
   (json_default.rewrite), legacy guided_* converted, hostile bodies and schemas refused with a
   400 naming the problem (`request_limits.py`: depth, size, left-recursive `$ref`, catastrophic
   patterns), schemas checked (400 if the grammar engine cannot compile them; tool parameters
-  too when `tool_choice` makes them a grammar), and `usage.dspark_stats` added to non-streamed
-  responses.
+  too when `tool_choice` makes them a grammar), `usage.dspark_stats` added to non-streamed
+  responses, and every reply with a schema checked before its end is delivered (non-streamed:
+  whole, withheld with a 500; streamed: each choice's last content event waits for the check,
+  an error event in its place when it fails — stream_check.py).
 Everything else passes through untouched.
 """
 
@@ -23,7 +25,8 @@ import os
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from gpustack_dspark import reply_check
-from gpustack_dspark.worker import json_default, request_limits, sampling_check, schema_check, state as worker_state
+from gpustack_dspark.worker import (json_default, request_limits, sampling_check, schema_check,
+                                    state as worker_state, stream_check)
 
 logger = logging.getLogger("gpustack_dspark.worker")
 
@@ -173,7 +176,7 @@ class DSparkMiddleware:
         if schema is not None and schema is not state.default_schema:
             relax = os.environ.get(RELAX_ENV, "1") != "0"
             plan = await asyncio.get_running_loop().run_in_executor(
-                None, schema_check.plan_engine, schema, state.grammar_engines, bool(body.get("stream")), relax)
+                None, schema_check.plan_engine, schema, state.grammar_engines, relax)
             if plan.problem:
                 state.count("rejected")
                 return await _send_json(send, 400, openai_error(f"the requested JSON schema is not usable: {plan.problem}",
@@ -199,7 +202,10 @@ class DSparkMiddleware:
             schema = ANY_JSON
         new_raw = json.dumps(body).encode()
         if body.get("stream"):
-            return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+            if schema is None:
+                return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
+            return await self._checked_stream(state, _with_length(scope, len(new_raw)), _replay(new_raw, receive),
+                                              send, schema)
         start, reply = await self._buffered(_with_length(scope, len(new_raw)), _replay(new_raw, receive))
         violation = schema_violation(start, reply, schema)
         if plan is None and schema is state.default_schema and schema is not None:
@@ -229,6 +235,34 @@ class DSparkMiddleware:
                                                           "type": "InternalServerError", "param": None, "code": 500}})
         await send(start)
         await send({"type": "http.response.body", "body": reply})
+
+    async def _checked_stream(self, state: worker_state.WorkerState, scope: Scope, receive: Receive, send: Send,
+                              schema: Any) -> None:
+        """A streamed request with a schema: every event goes out as vLLM sends it except each
+        choice's latest content, which waits for the whole reply's check (stream_check.py)."""
+        checker = stream_check.StreamCheck(lambda text: _problem(text, schema))
+        streaming = False
+
+        async def checked(message: Message) -> None:
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                streaming = message.get("status") == 200
+                return await send(message)
+            if not streaming or message["type"] != "http.response.body":
+                return await send(message)
+            out = checker.feed(message.get("body", b""))
+            if message.get("more_body", False):
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                return
+            out += checker.finish()
+            state.count("streams_checked")
+            if checker.problem is not None:
+                state.count("schema_violations")
+                logger.error("end of a streamed reply withheld: %s", checker.problem)
+            await send({"type": "http.response.body", "body": out, "more_body": False})
+
+        await self.app(scope, receive, checked)
 
     async def _buffered(self, scope: Scope, receive: Receive) -> Tuple[Dict[str, Any], bytes]:
         """Run a non-streamed request through vLLM and keep its whole answer: (start, body with
@@ -283,24 +317,32 @@ def _authorized(scope: Scope, keys) -> bool:
     return False
 
 
+def _problem(content: str, schema: Any) -> Optional[str]:
+    try:
+        problem = reply_check.check(content, schema)  # the proxy's format check judges the same way
+    except Exception as e:  # a checker problem must not eat a good reply
+        logger.warning("schema check of a reply failed: %s", e)
+        return None
+    return None if problem is None else str(problem)
+
+
 def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:
     """Why a finished reply breaks `schema` (None when it validates, was cut by max_tokens, or
     there is nothing to check); each choice judged by `reply_check` (numbers exact)."""
     if schema is None or start.get("status") != 200:
         return None
     try:
-        payload = json.loads(body)
-        for choice in payload.get("choices") or []:
-            if choice.get("finish_reason") != "stop":
-                continue
-            content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-            if content is None:
-                continue
-            problem = reply_check.check(content, schema)  # the proxy's format check judges the same way
-            if problem is not None:
-                return str(problem)
+        choices = json.loads(body).get("choices") or []
     except Exception as e:  # a checker problem must not eat a good reply
         logger.warning("schema check of a reply failed: %s", e)
+        return None
+    for choice in choices:
+        if not isinstance(choice, dict) or choice.get("finish_reason") != "stop":
+            continue
+        content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+        problem = None if content is None else _problem(content, schema)
+        if problem is not None:
+            return problem
     return None
 
 

@@ -390,10 +390,19 @@ def _llguidance_problem_now(text: str) -> Optional[str]:
     return f"the grammar engine (llguidance) cannot compile this schema: {first[:300]}"
 
 
-def llguidance_problem(schema: Any, lenient: bool = False, timeout_s: float = COMPILE_TIMEOUT_S) -> Optional[str]:
-    """None if llguidance compiles the schema (lenient: ignoring keywords it cannot enforce)."""
-    if lenient and isinstance(schema, dict):
-        schema = {**schema, "x-guidance": LENIENT}
+def guidance_options(lenient: bool = False, coerce_one_of: bool = False) -> Dict[str, Any]:
+    """The `x-guidance` entry for llguidance's JSON options ({} for none): `lenient` ignores
+    keywords it cannot enforce; `coerce_one_of` compiles `oneOf` as `anyOf` (it refuses `oneOf`
+    whose branches it cannot prove exclusive), so exclusivity is left to the reply check."""
+    options = {**(LENIENT if lenient else {}), **({"coerce_one_of": True} if coerce_one_of else {})}
+    return {"x-guidance": options} if options else {}
+
+
+def llguidance_problem(schema: Any, lenient: bool = False, timeout_s: float = COMPILE_TIMEOUT_S,
+                       coerce_one_of: bool = False) -> Optional[str]:
+    """None if llguidance compiles the schema (with the options of `guidance_options`)."""
+    if isinstance(schema, dict):
+        schema = {**schema, **guidance_options(lenient, coerce_one_of)}
     return _bounded_verdict(_ll_verdicts, json.dumps(schema, sort_keys=True), "llguidance", _llguidance_tokenizer,
                             _llguidance_problem_now, timeout_s)
 
@@ -451,18 +460,26 @@ def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional
             marked and _frontend_takes_xgrammar(schema))):
         return None
     mark = {ENGINE_MARK: "llguidance"} if marked else {}
-    if llguidance_problem(schema) is None:
+    exact = llguidance_problem(schema)
+    if exact is None:
         return EnginePlan("llguidance", {**schema, **mark}, [])
-    if allow_lenient and llguidance_problem(schema, lenient=True) is None:
-        return EnginePlan("llguidance", {**schema, "x-guidance": LENIENT, **mark}, ["lenient"])
+    if not allow_lenient:
+        return None
+    # Not exact: the reply check judges what the grammar lets through (middleware.py).
+    coerce = "oneOf" in exact  # "oneOf constraints are not supported. Enable 'coerce_one_of' ..."
+    tries = ([(False, True, ["oneOf as anyOf"])] if coerce else []) + [(True, coerce, ["lenient"] + (
+        ["oneOf as anyOf"] if coerce else []))]
+    for lenient, coerce_one_of, dropped in tries:
+        if llguidance_problem(schema, lenient=lenient, coerce_one_of=coerce_one_of) is None:
+            return EnginePlan("llguidance", {**schema, **guidance_options(lenient, coerce_one_of), **mark}, dropped)
     return None
 
 
-def plan_engine(schema: Any, engines: Sequence[str], stream: bool, relax: bool = True) -> EnginePlan:
+def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> EnginePlan:
     """The first attempt. xgrammar when it supports and compiles the schema exactly; else
-    llguidance when it compiles it exactly; else (non-streamed only: a reply the grammar let
-    through is checked before delivery) llguidance lenient, then xgrammar relaxed; else a 400
-    naming the first engine's reason. Streams get only exactly enforced grammars."""
+    llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed
+    (every reply, streamed or not, is checked before its end is delivered: middleware.py,
+    stream_check.py); else a 400 naming the first engine's reason."""
     dual = "llguidance" in engines
     problem = check_schema(schema)
     if problem is None:
@@ -473,10 +490,10 @@ def plan_engine(schema: Any, engines: Sequence[str], stream: bool, relax: bool =
     if dual:
         # xgrammar refused it (vLLM's frontend then picks llguidance itself) or cannot compile
         # it (the annotation makes the engine use llguidance).
-        plan = _llguidance_plan(schema, marked=unsupported is None, allow_lenient=not stream and relax)
+        plan = _llguidance_plan(schema, marked=unsupported is None, allow_lenient=relax)
         if plan is not None:
             return plan
-    if not stream and relax and unsupported is not None:
+    if relax and unsupported is not None:
         plan = _relaxed_plan(schema)
         if plan is not None:
             return plan

@@ -118,6 +118,27 @@ def test_a_withheld_reply_is_a_5xx_that_says_so_and_is_counted(stack):
     assert statuses["withheld"] >= 1 and statuses["replica_4xx"] >= 1
 
 
+def test_a_stream_that_breaks_the_schema_ends_in_an_error_not_in_a_complete_document(stack, client):
+    """The only reply of WITHHELD_SCHEMA (1) breaks its `not`, which xgrammar lets through: the
+    OpenAI SDK, streaming through GPUStack's proxy, gets an error event where the last part
+    would have been, and never the whole document."""
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    stream = client.chat.completions.create(
+        model=SERVED_NAME, messages=MESSAGES, max_tokens=16, temperature=0, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "one", "schema": WITHHELD_SCHEMA}})
+    received = ""
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            for choice in chunk.choices:
+                received += choice.delta.content or ""
+    assert "does not validate against the requested schema" in str(e.value), e.value
+    assert not _validates(received, {"type": "integer"})  # "1" never arrived whole
+    after = _requests(replica)
+    assert after["streams_checked"] == before["streams_checked"] + 1
+    assert after["schema_violations"] == before["schema_violations"] + 1
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unreachable_replica_stays_503(stack, stream):
     server, api, _, _ = stack
@@ -153,11 +174,22 @@ def _schema_body(schema, **extra):
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": schema}}, **extra}
 
 
+def _validates(text, schema) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
 def _streamed_content(r) -> tuple:
     text, finish = "", None
     for line in r.text.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            choices = json.loads(line[6:])["choices"]
+            event = json.loads(line[6:])
+            if "error" in event:
+                continue
+            choices = event["choices"]
             if not choices:  # the usage chunk
                 continue
             choice = choices[0]
@@ -191,7 +223,7 @@ def test_a_schema_xgrammar_refuses_is_served_exactly_by_llguidance(stack, stream
     assert finished >= 1
 
 
-def test_lenient_llguidance_only_where_the_reply_is_checked(stack):
+def test_lenient_llguidance_for_streams_too_each_reply_checked(stack):
     _, _, replica, _ = stack
     before = _requests(replica)
     r = _proxy(stack, _schema_body(UNIQUE_SCHEMA, max_tokens=64, messages=DOCUMENT))
@@ -202,9 +234,48 @@ def test_lenient_llguidance_only_where_the_reply_is_checked(stack):
         assert r.json()["error"]["type"] == "SchemaViolationError"
     after = _requests(replica)
     assert after["relaxed"] == before["relaxed"] + 1 and after["engine_llguidance"] == before["engine_llguidance"] + 1
-    # A stream is not reply-checked: only an exactly enforced grammar, so a 400 naming the keyword.
-    r = _proxy(stack, _schema_body(UNIQUE_SCHEMA, messages=DOCUMENT), stream=True)
-    assert r.status_code == 400 and "uniqueItems on an array, at /properties/tags" in r.json()["error"]["message"]
+    # Streamed, the same plan: the reply is checked before its last content event goes out.
+    checked = after["streams_checked"]
+    r = _proxy(stack, _schema_body(UNIQUE_SCHEMA, max_tokens=64, messages=DOCUMENT), stream=True)
+    assert r.status_code == 200, r.text[:300]
+    text, finish = _streamed_content(r)
+    if "SchemaViolationError" in r.text:
+        assert finish != "stop" and not _validates(text, UNIQUE_SCHEMA)
+    elif finish == "stop":
+        jsonschema.validate(json.loads(text), UNIQUE_SCHEMA)
+    after = _requests(replica)
+    assert after["relaxed"] == before["relaxed"] + 2 and after["streams_checked"] == checked + 1
+
+
+# xgrammar refuses multipleOf; llguidance refuses a oneOf whose branches it cannot prove
+# exclusive unless told to read it as anyOf (coerce_one_of): then it enforces multipleOf exactly
+# and the reply check judges oneOf's exclusivity.
+ONE_OF_SCHEMA = {"type": "object", "required": ["user_id", "contact"], "additionalProperties": False, "properties": {
+    "user_id": {"type": "integer", "minimum": 0, "maximum": 1000, "multipleOf": 7},
+    "contact": {"oneOf": [
+        {"type": "object", "properties": {"email": {"type": "string", "maxLength": 40}}, "required": ["email"]},
+        {"type": "object", "properties": {"phone": {"type": "string", "maxLength": 20}}, "required": ["phone"]}]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_oneof_llguidance_cannot_prove_exclusive_is_served_as_anyof_and_checked(stack, stream):
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    r = _proxy(stack, _schema_body(ONE_OF_SCHEMA, max_tokens=96, messages=[
+        {"role": "user", "content": "Create a user record for user 14 with email a@b.c."}]), stream=stream)
+    assert r.status_code in (200, 500), r.text[:300]
+    if stream:
+        text, finish = _streamed_content(r)
+        withheld = "SchemaViolationError" in r.text
+    else:
+        withheld = r.status_code == 500
+        text, finish = ("", None) if withheld else (r.json()["choices"][0]["message"]["content"],
+                                                    r.json()["choices"][0]["finish_reason"])
+    if not withheld and finish == "stop":
+        jsonschema.validate(json.loads(text), ONE_OF_SCHEMA)
+    after = _requests(replica)
+    assert after["engine_llguidance"] == before["engine_llguidance"] + 1  # not xgrammar without multipleOf
+    assert after["relaxed"] == before["relaxed"] + 1
 
 
 def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):

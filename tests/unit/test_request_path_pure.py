@@ -261,55 +261,55 @@ def _verdicts(monkeypatch, xgrammar=None, llguidance=None, lenient=None):
 def test_xgrammar_first_llguidance_where_xgrammar_refuses(monkeypatch):
     sc = _verdicts(monkeypatch)
     order = {"type": "object", "properties": {"a": {"type": "string"}}}
-    plan = sc.plan_engine(order, DUAL, stream=False)
+    plan = sc.plan_engine(order, DUAL)
     assert (plan.engine, plan.grammar_schema, plan.dropped, plan.problem) == ("xgrammar", order, [], None)
     multiple = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
-    for stream in (False, True):  # enforced exactly by llguidance: streams too; vLLM's frontend picks it
-        plan = sc.plan_engine(multiple, DUAL, stream=stream)
-        assert (plan.engine, plan.grammar_schema, plan.exact) == ("llguidance", multiple, True)
-    # One engine only (the drafting layer off): relaxed for non-streamed, a 400 for streams.
-    plan = sc.plan_engine(multiple, ("xgrammar",), stream=False)
+    plan = sc.plan_engine(multiple, DUAL)  # enforced exactly by llguidance; vLLM's frontend picks it
+    assert (plan.engine, plan.grammar_schema, plan.exact) == ("llguidance", multiple, True)
+    # One engine only (the drafting layer off): relaxed (streamed or not: every reply is checked),
+    # and a 400 when relaxing is turned off.
+    plan = sc.plan_engine(multiple, ("xgrammar",))
     assert plan.engine == "xgrammar" and plan.dropped == ["multipleOf at /properties/n"]
-    assert "multipleOf on a number" in sc.plan_engine(multiple, ("xgrammar",), stream=True).problem
+    assert "multipleOf on a number" in sc.plan_engine(multiple, ("xgrammar",), relax=False).problem
 
 
-def test_lenient_llguidance_only_where_the_reply_is_checked(monkeypatch):
+def test_lenient_llguidance_unless_relaxing_is_off(monkeypatch):
     unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     sc = _verdicts(monkeypatch, llguidance=lambda s: "Unimplemented keys: uniqueItems")
-    plan = sc.plan_engine(unique, DUAL, stream=False)
+    plan = sc.plan_engine(unique, DUAL)
     assert plan.engine == "llguidance" and plan.dropped == ["lenient"]
     assert plan.grammar_schema == {**unique, "x-guidance": {"lenient": True}} and "uniqueItems" in unique
-    assert "uniqueItems on an array" in sc.plan_engine(unique, DUAL, stream=True).problem
+    assert "uniqueItems on an array" in sc.plan_engine(unique, DUAL, relax=False).problem
     # Neither way in llguidance: xgrammar relaxed; patternProperties never goes to llguidance
     # (vLLM's frontend would send it to outlines).
     sc = _verdicts(monkeypatch, llguidance=lambda s: "no", lenient=lambda s: "no")
-    assert sc.plan_engine(unique, DUAL, stream=False).dropped == ["uniqueItems at (root)"]
+    assert sc.plan_engine(unique, DUAL).dropped == ["uniqueItems at (root)"]
     pattern = {"type": "object", "properties": {"a": {"type": "string"}},
                "patternProperties": {"^x": {"type": "integer"}}}
     sc = _verdicts(monkeypatch)
-    plan = sc.plan_engine(pattern, DUAL, stream=False)
+    plan = sc.plan_engine(pattern, DUAL)
     assert plan.engine == "xgrammar" and plan.dropped == ["patternProperties at (root)"]
 
 
 def test_a_schema_xgrammar_cannot_compile_is_marked_for_llguidance(monkeypatch):
     sc = _verdicts(monkeypatch, xgrammar=lambda s: "the grammar engine (xgrammar) cannot compile this schema: x")
     schema = {"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3}
-    plan = sc.plan_engine(schema, DUAL, stream=True)
+    plan = sc.plan_engine(schema, DUAL)
     assert plan.engine == "llguidance" and plan.grammar_schema == {**schema, "x-dspark-engine": "llguidance"}
     # Structural problems are a 400 whatever the engines.
     bad = {"type": "objectx"}
-    assert sc.plan_engine(bad, DUAL, stream=False).problem.startswith("not a valid JSON Schema at type")
+    assert sc.plan_engine(bad, DUAL).problem.startswith("not a valid JSON Schema at type")
 
 
 def test_the_second_attempt_uses_the_other_engine(monkeypatch):
     sc = _verdicts(monkeypatch)
     order = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    first = sc.plan_engine(order, DUAL, stream=False)
+    first = sc.plan_engine(order, DUAL)
     second = sc.second_plan(order, first, DUAL)
     assert second.engine == "llguidance" and second.grammar_schema == {**order, "x-dspark-engine": "llguidance"}
     assert sc.second_plan(order, first, ("xgrammar",)) is None
     multiple = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
-    back = sc.second_plan(multiple, sc.plan_engine(multiple, DUAL, stream=False), DUAL)
+    back = sc.second_plan(multiple, sc.plan_engine(multiple, DUAL), DUAL)
     assert back.engine == "xgrammar" and back.dropped == ["multipleOf at /properties/n"]
 
 
@@ -338,3 +338,23 @@ def test_the_verdict_caches_are_bounded(monkeypatch):
     assert len(cache) == 3 and "0" not in cache and cache["2"] == "v2"
     cache["5"] = None  # "2" was used last: "3" goes
     assert "3" not in cache and "2" in cache and "5" in cache and cache["5"] is None
+
+
+def test_a_oneof_llguidance_cannot_prove_exclusive_is_tried_as_anyof_where_the_reply_is_checked(monkeypatch):
+    from gpustack_dspark.worker import schema_check as sc
+
+    tried = []
+
+    def llguidance(schema, lenient=False, timeout_s=10, coerce_one_of=False):
+        tried.append((lenient, coerce_one_of))
+        return None if coerce_one_of else ("the grammar engine (llguidance) cannot compile this schema: oneOf "
+                                           "constraints are not supported. Enable 'coerce_one_of' option")
+
+    monkeypatch.setattr(sc, "llguidance_problem", llguidance)
+    schema = {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]}
+    plan = sc._llguidance_plan(schema, marked=True, allow_lenient=True)
+    assert plan.engine == "llguidance" and plan.dropped == ["oneOf as anyOf"] and not plan.exact
+    assert plan.grammar_schema == {**schema, "x-guidance": {"coerce_one_of": True}, "x-dspark-engine": "llguidance"}
+    assert tried == [(False, False), (False, True)]
+    assert sc._llguidance_plan(schema, marked=True, allow_lenient=False) is None  # relaxing off: exact only
+    assert sc.guidance_options(True, True) == {"x-guidance": {"lenient": True, "coerce_one_of": True}}
