@@ -292,7 +292,8 @@ def relax_for_xgrammar(schema: Any) -> Tuple[Any, List[str]]:
     length bounds; patternProperties beside properties (or more than one) are dropped (with
     `additionalProperties: false` that only narrows what the grammar allows); allOf with
     several object-like branches is merged into the schema (properties, required, the rest
-    first-come)."""
+    first-come); draft-04's boolean exclusiveMinimum/exclusiveMaximum are written as numbers
+    (same meaning; the draft-04 `$schema` then goes) — OpenAPI 3.0 documents use them."""
     dropped: List[str] = []
     if not isinstance(schema, dict) or xgrammar_unsupported(schema) is None:
         return schema, dropped
@@ -310,6 +311,8 @@ def relax_for_xgrammar(schema: Any) -> Tuple[Any, List[str]]:
             if not _relax_node(node, where, dropped):
                 break
         stack.extend(((*path, k), v) for k, v in node.items() if isinstance(v, (dict, list)))
+    if any("as a draft-04 boolean" in d for d in dropped) and "draft-04" in str(root.get("$schema", "")):
+        root.pop("$schema")  # the bounds are now written as later drafts write them
     return root, dropped
 
 
@@ -320,6 +323,14 @@ def _relax_node(node: Dict[str, Any], where: str, dropped: List[str]) -> bool:
 
     types = _types(node)
     changed = False
+    for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(key), bool):  # draft-04's form; xgrammar reads only a number here
+            if node[key] and bound in node:
+                node[key] = node.pop(bound)
+            else:
+                node.pop(key)
+            dropped.append(f"{key} as a draft-04 boolean at {where} (written as a number)")
+            changed = True
     if types & {"integer", "number"} and "multipleOf" in node:
         drop("multipleOf")
         changed = True

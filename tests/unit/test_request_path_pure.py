@@ -358,3 +358,22 @@ def test_a_oneof_llguidance_cannot_prove_exclusive_is_tried_as_anyof_where_the_r
     assert tried == [(False, False), (False, True)]
     assert sc._llguidance_plan(schema, marked=True, allow_lenient=False) is None  # relaxing off: exact only
     assert sc.guidance_options(True, True) == {"x-guidance": {"lenient": True, "coerce_one_of": True}}
+
+
+def test_draft04_boolean_exclusive_bounds_are_written_as_numbers_when_relaxing():
+    """OpenAPI 3.0's document schema (draft-04) is relaxed for xgrammar instead of refused: its
+    `exclusiveMinimum: true` beside `minimum` is the later drafts' `exclusiveMinimum: <minimum>`."""
+    from gpustack_dspark.worker import schema_check as sc
+
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "properties": {"n": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+                             "m": {"type": "number", "maximum": 9, "exclusiveMaximum": False},
+                             "exclusiveMinimum": {"type": "boolean"}},  # a property of that name stays
+              "patternProperties": {"^x-": {}}, "additionalProperties": False}
+    relaxed, dropped = sc.relax_for_xgrammar(schema)
+    assert relaxed["properties"]["n"] == {"type": "number", "exclusiveMinimum": 0}
+    assert relaxed["properties"]["m"] == {"type": "number", "maximum": 9}
+    assert relaxed["properties"]["exclusiveMinimum"] == {"type": "boolean"}
+    assert "$schema" not in relaxed and schema["properties"]["n"]["exclusiveMinimum"] is True  # a copy
+    assert "exclusiveMinimum as a draft-04 boolean at /properties/n (written as a number)" in dropped
+    assert "patternProperties at (root)" in dropped
