@@ -191,7 +191,7 @@ class DSparkMiddleware:
                 logger.info("schema served by %s without enforcing (reply still checked): %s",
                             plan.engine, ", ".join(plan.dropped[:5]))
 
-        for where, tool_schema in grammar_tool_schemas(body):
+        for where, _name, tool_schema in grammar_tool_schemas(body):
             problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, tool_schema)
             if problem:
                 state.count("rejected")
@@ -201,13 +201,14 @@ class DSparkMiddleware:
         if schema is None and json_default.wants_json_object(body):
             schema = ANY_JSON
         new_raw = json.dumps(body).encode()
+        tools = tool_check(body)
         if body.get("stream"):
-            if schema is None:
+            if schema is None and tools is None:
                 return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
             return await self._checked_stream(state, _with_length(scope, len(new_raw)), _replay(new_raw, receive),
-                                              send, schema)
+                                              send, schema, tools)
         start, reply = await self._buffered(_with_length(scope, len(new_raw)), _replay(new_raw, receive))
-        violation = schema_violation(start, reply, schema)
+        violation = schema_violation(start, reply, schema, tools)
         if plan is None and schema is state.default_schema and schema is not None:
             plan = schema_check.EnginePlan("xgrammar", schema)
         if violation and plan is not None:
@@ -220,7 +221,7 @@ class DSparkMiddleware:
                 retry_raw = json.dumps(json_default.with_schema(body, other.grammar_schema)).encode()
                 start2, reply2 = await self._buffered(_with_length(scope, len(retry_raw)), _replay(retry_raw, receive))
                 if start2.get("status") == 200:
-                    violation2 = schema_violation(start2, reply2, schema)
+                    violation2 = schema_violation(start2, reply2, schema, tools)
                     if not violation2:
                         state.count("second_attempt_served")
                         start, reply, violation = start2, reply2, None
@@ -237,10 +238,11 @@ class DSparkMiddleware:
         await send({"type": "http.response.body", "body": reply})
 
     async def _checked_stream(self, state: worker_state.WorkerState, scope: Scope, receive: Receive, send: Send,
-                              schema: Any) -> None:
-        """A streamed request with a schema: every event goes out as vLLM sends it except each
-        choice's latest content, which waits for the whole reply's check (stream_check.py)."""
-        checker = stream_check.StreamCheck(lambda text: _problem(text, schema))
+                              schema: Any, tools: Optional[Callable[[str, str], Optional[str]]]) -> None:
+        """A streamed request with a schema or checked tools: every event goes out as vLLM sends
+        it except each choice's latest content, which waits for the whole reply's check
+        (stream_check.py)."""
+        checker = stream_check.StreamCheck(None if schema is None else (lambda text: _problem(text, schema)), tools)
         streaming = False
 
         async def checked(message: Message) -> None:
@@ -282,9 +284,10 @@ class DSparkMiddleware:
         return start, _add_stats(start, b"".join(chunks))  # also fixes content-length in start
 
 
-def grammar_tool_schemas(body: Dict[str, Any]):
-    """The tools' parameter schemas vLLM turns into a grammar: every tool for tool_choice
-    "required", the named one for a named tool_choice (for "auto" the model's text is parsed)."""
+def grammar_tool_schemas(body: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+    """(where, name, parameters) of the tools vLLM turns into a grammar: every tool for
+    tool_choice "required", the named one for a named tool_choice (for "auto" the model's text
+    is parsed)."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
@@ -302,8 +305,34 @@ def grammar_tool_schemas(body: Dict[str, Any]):
         if not isinstance(function, dict) or function.get("parameters") is None:
             continue
         if named is None or function.get("name") == named:
-            out.append((f"tools[{i}].function.parameters", function["parameters"]))
+            out.append((f"tools[{i}].function.parameters", function.get("name"), function["parameters"]))
     return out
+
+
+def tool_check(body: Dict[str, Any]) -> Optional[Callable[[str, str], Optional[str]]]:
+    """How a finished reply's tool calls are judged, or None when they are not: calls under a
+    grammar (tool_choice "required" or named) must name one of those tools and carry arguments
+    valid for its `parameters`; a call to a tool marked `"strict": true` must carry valid
+    arguments whatever the tool_choice."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    constrained = {name: schema for _, name, schema in grammar_tool_schemas(body)}
+    strict = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("strict") is True and function.get("parameters") is not None:
+            strict[function.get("name")] = function["parameters"]
+    if not constrained and not strict:
+        return None
+
+    def check(name: str, arguments: str) -> Optional[str]:
+        if constrained and name not in constrained:
+            return f"a tool call names {name!r}, not one of the tools tool_choice allows"
+        schema = constrained.get(name, strict.get(name))
+        problem = None if schema is None else _problem(arguments, schema)
+        return None if problem is None else f"arguments of the call to {name}: {problem}"
+    return check
 
 
 def _authorized(scope: Scope, keys) -> bool:
@@ -326,10 +355,12 @@ def _problem(content: str, schema: Any) -> Optional[str]:
     return None if problem is None else str(problem)
 
 
-def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) -> Optional[str]:
-    """Why a finished reply breaks `schema` (None when it validates, was cut by max_tokens, or
-    there is nothing to check); each choice judged by `reply_check` (numbers exact)."""
-    if schema is None or start.get("status") != 200:
+def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any],
+                     tools: Optional[Callable[[str, str], Optional[str]]] = None) -> Optional[str]:
+    """Why a finished reply breaks `schema` or its tool calls break `tools` (`tool_check`);
+    None when it validates, was cut by max_tokens, or there is nothing to check; each choice
+    judged by `reply_check` (numbers exact)."""
+    if (schema is None and tools is None) or start.get("status") != 200:
         return None
     try:
         choices = json.loads(body).get("choices") or []
@@ -337,12 +368,22 @@ def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any]) 
         logger.warning("schema check of a reply failed: %s", e)
         return None
     for choice in choices:
-        if not isinstance(choice, dict) or choice.get("finish_reason") != "stop":
+        finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+        if finish not in ("stop", "tool_calls", "length"):
             continue
-        content = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-        problem = None if content is None else _problem(content, schema)
-        if problem is not None:
-            return problem
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        content = message.get("content") if "message" in choice else choice.get("text")
+        if schema is not None and finish == "stop" and content is not None:
+            problem = _problem(content, schema)
+            if problem is not None:
+                return problem
+        for call in (message.get("tool_calls") or []) if tools is not None else []:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") or "" if isinstance(function, dict) else ""
+            if isinstance(function, dict) and (finish != "length" or stream_check.complete_json(arguments)):
+                problem = tools(str(function.get("name")), arguments)
+                if problem is not None:
+                    return problem
     return None
 
 

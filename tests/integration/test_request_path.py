@@ -139,6 +139,44 @@ def test_a_stream_that_breaks_the_schema_ends_in_an_error_not_in_a_complete_docu
     assert after["schema_violations"] == before["schema_violations"] + 1
 
 
+# The grammar lets only user_id 1 through and xgrammar ignores `not`: every call breaks it.
+IMPOSSIBLE_TOOL = {"type": "function", "function": {"name": "lookup_user", "parameters": {
+    "type": "object", "properties": {"user_id": {"type": "integer", "minimum": 1, "maximum": 1, "not": {"const": 1}}},
+    "required": ["user_id"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_arguments_that_break_the_tools_schema_are_never_delivered_whole(stack, client, stream):
+    """tool_choice "required" through the SDK and GPUStack's proxy: the fixture calls the tool
+    with the only value the grammar allows, which the schema's `not` forbids. Streamed, the
+    call's last piece is replaced by an error event (the fixture's call is whole before
+    max_tokens ends the reply); non-streamed, a 500 — or, when max_tokens cut the reply before
+    vLLM could parse a call, no call at all. Never the whole bad arguments."""
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    received, withheld = [], None
+    try:
+        reply = client.chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "Look up user 1."}], max_tokens=48,
+            temperature=0, tools=[IMPOSSIBLE_TOOL], tool_choice="required", stream=stream)
+        if stream:
+            received.append("")
+            for chunk in reply:
+                for choice in chunk.choices:
+                    for call in choice.delta.tool_calls or []:
+                        received[-1] += (call.function.arguments or "") if call.function else ""
+        else:
+            received = [call.function.arguments for call in reply.choices[0].message.tool_calls or []]
+    except openai.APIError as e:
+        withheld = str(e)
+    assert not any(_validates(args, {"type": "object"}) for args in received), received
+    if stream:
+        assert withheld and "arguments of the call to lookup_user" in withheld, withheld
+        assert _requests(replica)["streams_checked"] == before["streams_checked"] + 1
+    if withheld:
+        assert _requests(replica)["schema_violations"] == before["schema_violations"] + 1
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unreachable_replica_stays_503(stack, stream):
     server, api, _, _ = stack

@@ -92,3 +92,42 @@ def test_completions_streams_carry_text():
     early = b"".join(check.feed(e) for e in [text_event('{"tags": [2, '), text_event("2]}", "stop"), DONE])
     rest = check.finish()
     assert b"2]}" not in early and b"SchemaViolationError" in rest
+
+
+def _call_event(index=0, name=None, arguments=None, finish=None, call_id=None):
+    function = {**({"name": name} if name else {}), **({"arguments": arguments} if arguments is not None else {})}
+    call = {"index": 0, **({"id": call_id, "type": "function"} if call_id else {}), "function": function}
+    chunk = {"id": "c", "choices": [{"index": index, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def test_streamed_tool_call_arguments_are_judged_and_their_last_part_held():
+    from gpustack_dspark.worker.middleware import tool_check
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"user_id": {"type": "integer", "not": {"const": 1}}},
+        "required": ["user_id"]}}}]
+    judge = tool_check({"tools": tools, "tool_choice": "required"})
+
+    def run(arguments_pieces, name="lookup", finish="tool_calls"):
+        events = [_event(role="assistant", content=""), _call_event(name=name, arguments="", call_id="call_1")]
+        events += [_call_event(arguments=a) for a in arguments_pieces]
+        events += [_event(finish=finish), DONE]
+        check = StreamCheck(None, judge)
+        early = b"".join(check.feed(e) for e in events)
+        return early, check.finish(), check
+
+    early, rest, check = run(['{"user_id": ', '7}'])
+    assert b"7}" not in early and b"7}" in rest and check.problem is None
+    early, rest, check = run(['{"user_id": ', '1}'])
+    assert b'"arguments": "1}"' not in early + rest and b"SchemaViolationError" in rest and "user_id" in check.problem
+    _, rest, check = run(['{"user_id": ', '1}'], finish="length")  # whole before max_tokens: judged
+    assert check.problem and b"SchemaViolationError" in rest
+    _, rest, check = run(['{"user_id": ', '1'], finish="length")  # cut inside the arguments: not judged
+    assert check.problem is None and rest.endswith(DONE)
+    _, rest, check = run(['{"user_id": 7}'], name="drop_tables")
+    assert "'drop_tables', not one of the tools" in check.problem
+    assert tool_check({"tools": tools, "tool_choice": "auto"}) is None  # parsed text: nothing constrains it
+    strict = [{**tools[0], "function": {**tools[0]["function"], "strict": True}}]
+    assert tool_check({"tools": strict, "tool_choice": "auto"})("lookup", '{"user_id": 1}')
+    assert tool_check({"tools": strict, "tool_choice": "auto"})("other", "{}") is None  # not a strict tool

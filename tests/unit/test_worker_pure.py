@@ -233,3 +233,22 @@ def test_sampling_parameters_speculation_ignores_are_refused_by_name():
         assert refused(fine) is None, fine
     long = refused({"logit_bias": {str(i): 1 for i in range(100)}})[1]
     assert "..." in long and len(long) < 250
+
+
+def test_non_streamed_tool_calls_are_judged_when_constrained():
+    import json as _json
+
+    from gpustack_dspark.worker.middleware import schema_violation, tool_check
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"user_id": {"type": "integer", "minimum": 1}}, "required": ["user_id"]}}}]
+
+    def reply(arguments, name="lookup"):
+        message = {"content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                    "function": {"name": name, "arguments": arguments}}]}
+        return {"status": 200}, _json.dumps({"choices": [{"message": message, "finish_reason": "tool_calls"}]}).encode()
+
+    judge = tool_check({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "lookup"}}})
+    assert schema_violation(*reply('{"user_id": 3}'), None, judge) is None
+    assert "arguments of the call to lookup: at user_id" in schema_violation(*reply('{"user_id": 0}'), None, judge)
+    assert schema_violation(*reply('{"user_id": 0}'), None, None) is None  # nothing constrains it: not judged
