@@ -11,9 +11,10 @@
   400 naming the problem (`request_limits.py`: depth, size, left-recursive `$ref`, catastrophic
   patterns), schemas checked (400 if the grammar engine cannot compile them; tool parameters
   too when `tool_choice` makes them a grammar), `usage.dspark_stats` added to non-streamed
-  responses, and every reply with a schema checked before its end is delivered (non-streamed:
-  whole, withheld with a 500; streamed: each choice's last content event waits for the check,
-  an error event in its place when it fails — stream_check.py).
+  responses, and every reply with a schema or judged tool calls (`tool_check`) checked before
+  its end is delivered (non-streamed: whole, withheld with a 500; streamed: each choice's last
+  content event waits for the check, an error event in its place when it fails —
+  stream_check.py).
 Everything else passes through untouched.
 """
 
