@@ -18,6 +18,7 @@ METHODS = ("auto", "dspark", "mtp", "suffix", "ngram", "draft_model", "eagle3")
 GRAMMAR_MODES = ("json", "off")
 PRECISIONS = ("auto", "bf16", "fp8")
 DRAFTING_MODES = ("auto", "forced+statistical", "forced", "statistical", "off")
+STRICT_TOOLS = ("flagged", "all")
 
 ENABLE_FLAG = "--enable-dspark"
 KNOB_FLAG_PREFIX = "--dspark-"
@@ -169,6 +170,11 @@ KNOBS: Tuple[Knob, ...] = (
          "the DSpark drafting layer on JSON replicas: grammar-forced tokens, statistical tokens, "
          "both (auto), or off (vLLM's drafter alone)",
          _choice(DRAFTING_MODES), choices=DRAFTING_MODES),
+    Knob("strict_tools", "--dspark-strict-tools", "|".join(STRICT_TOOLS),
+         "tool-call arguments constrained to the tool's parameters under every tool_choice, auto "
+         "included: flagged = tools marked strict: true; all = every tool (vLLM's --tool-strict-level "
+         "parameter). Needs a tool-call parser with structural tags (docs/worker.md, \"Tool calls\")",
+         _choice(STRICT_TOOLS), choices=STRICT_TOOLS),
     Knob("draft_model", "--dspark-draft-model", "a path to a draft checkpoint",
          "draft model / EAGLE-3 head / DSpark draft (kind read from its config.json)",
          _text("a path to a draft checkpoint")),
@@ -201,6 +207,7 @@ class DSparkKnobs:
     accept_threshold: Optional[float] = None
     method: str = "auto"
     drafting: str = "auto"
+    strict_tools: str = "flagged"
     draft_model: Optional[str] = None
     precision: str = "auto"
     warmup_requests: int = 8

@@ -6,7 +6,7 @@ read them in the startup line and in `/dspark/info`.
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
@@ -61,6 +61,10 @@ TOOL_PARSERS: Dict[str, Tuple[str, Optional[str]]] = {
 # Needs no special token: works with any tokenizer (and `required`/named tool choices are
 # grammar-constrained by vLLM whichever parser is set).
 DEFAULT_TOOL_PARSER = "pythonic"
+# A chat template that writes this renders tool calls in the Hermes format (Qwen, Hermes, the
+# test fixture): vLLM's `hermes` parser reads it, as text (it needs no special token), and has
+# structural tags, so strict tools are constrained under `auto` too.
+HERMES_MARKER = "<tool_call>"
 _V31_NAMES = ("v3.1", "v3_1", "v3-1", "v31", "terminus")
 
 
@@ -318,15 +322,29 @@ def precision_args(precision: str, config: Mapping[str, Any], passthrough: Seque
 
 
 def tool_call_options(model: str, config: Mapping[str, Any], passthrough: Sequence[str],
-                      special_tokens: Optional[Collection[str]] = None) -> Tuple[List[str], Dict[str, Any]]:
+                      special_tokens: Optional[Collection[str]] = None, chat_template: Optional[str] = None,
+                      strict_tools: str = "flagged") -> Tuple[List[str], Dict[str, Any]]:
     """vLLM's tool-call flags for this model (added to the argv) and what /dspark/info says.
 
     A user's own --tool-call-parser wins (and keeps its --enable-auto-tool-choice or not).
-    `special_tokens`: the tokenizer's added tokens, None when unknown (a hub name)."""
+    `special_tokens`: the tokenizer's added tokens, None when unknown (a hub name);
+    `chat_template`: the model's template text, None when unknown. `strict_tools` "all" asks
+    vLLM to constrain every tool's arguments (--tool-strict-level parameter); whether the
+    parser can is for `with_structural_tags`, which knows the installed vLLM."""
+    strict_args: List[str] = []
+    if strict_tools == "all":
+        given_level = _flag_value(passthrough, "--tool-strict-level")
+        if given_level is not None and given_level != "parameter":
+            raise KnobError("--dspark-strict-tools", strict_tools, "flagged (to keep your own --tool-strict-level)",
+                            f"it sets --tool-strict-level=parameter but the arguments also set "
+                            f"--tool-strict-level={given_level}")
+        if given_level is None:
+            strict_args = ["--tool-strict-level", "parameter"]
+    strict = {"tools": strict_tools}
     given = _flag_value(passthrough, "--tool-call-parser")
     if given is not None:
-        return [], {"parser": given, "auto_tool_choice": _has_flag(passthrough, "--enable-auto-tool-choice"),
-                    "source": "given", "reason": "--tool-call-parser given"}
+        return strict_args, {"parser": given, "auto_tool_choice": _has_flag(passthrough, "--enable-auto-tool-choice"),
+                             "source": "given", "reason": "--tool-call-parser given", "strict": strict}
     family = model_type(config)
     name = model.rstrip("/").rsplit("/", 1)[-1].lower()
     if family == "deepseek_v3" and any(marker in name for marker in _V31_NAMES):
@@ -339,10 +357,38 @@ def tool_call_options(model: str, config: Mapping[str, Any], passthrough: Sequen
                                                    f"token, which vLLM's {TOOL_PARSERS[family][0]} parser needs")
     else:
         reason = f"default for model family {family or 'unknown'}"
-    args = ["--tool-call-parser", parser]
+    if parser == DEFAULT_TOOL_PARSER and chat_template and HERMES_MARKER in chat_template:
+        parser, reason = "hermes", f"the chat template writes tool calls as {HERMES_MARKER} (Hermes format)"
+    args = ["--tool-call-parser", parser] + strict_args
     if not _has_flag(passthrough, "--enable-auto-tool-choice"):
         args.insert(0, "--enable-auto-tool-choice")
-    return args, {"parser": parser, "auto_tool_choice": True, "source": "launcher", "reason": reason}
+    return args, {"parser": parser, "auto_tool_choice": True, "source": "launcher", "reason": reason,
+                  "strict": strict}
+
+
+def with_structural_tags(plan: "LaunchPlan", structural_tag_format: Optional[str]) -> "LaunchPlan":
+    """The plan with what strict tools get from its tool-call parser: `structural_tag_format` is
+    the parser's structural-tag format in the installed vLLM (None: it has none). Without one,
+    `--dspark-strict-tools all` is an error (it could not be kept); `flagged` tools are then not
+    constrained under `auto`, only judged before delivery (the middleware's tool check)."""
+    calls = dict(plan.tool_calls)
+    if not calls:
+        return plan
+    strict = dict(calls.get("strict") or {})
+    parser = calls.get("parser")
+    if structural_tag_format:
+        strict.update(under_auto=True, mechanism=f"structural tags ({structural_tag_format} format, xgrammar): "
+                                                 "text or calls naming a tool, arguments by its schema")
+    else:
+        if strict.get("tools") == "all":
+            raise KnobError("--dspark-strict-tools", "all", "flagged",
+                            f"vLLM's {parser} tool-call parser has no structural tags, so tool arguments "
+                            "cannot be constrained under tool_choice auto")
+        strict.update(under_auto=False, mechanism=f"not constrained under auto: vLLM's {parser} parser has no "
+                                                  "structural tags; calls to strict tools are judged before "
+                                                  "delivery and withheld when invalid")
+    calls["strict"] = strict
+    return replace(plan, tool_calls=calls)
 
 
 # Verification that keeps the target model's output: greedy replies token for token, sampled
@@ -379,7 +425,7 @@ def refuse_lossy_verification(passthrough: Sequence[str]) -> None:
 def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
                 config: Optional[Mapping[str, Any]] = None, draft: Optional[Mapping[str, Any]] = None,
                 env: Environment = Environment(),
-                special_tokens: Optional[Collection[str]] = None) -> LaunchPlan:
+                special_tokens: Optional[Collection[str]] = None, chat_template: Optional[str] = None) -> LaunchPlan:
     """Decide the vLLM argv. Raises KnobError with a one-line message for bad input."""
     config = config or {}
     refuse_lossy_verification(passthrough)
@@ -436,7 +482,8 @@ def plan_launch(model: str, knobs: DSparkKnobs, passthrough: Sequence[str],
             notes.append("thinking turned off server-wide (JSON grammar applies only after thinking)")
 
     argv += precision_args(knobs.precision, config, passthrough)
-    tool_args, tool_calls = tool_call_options(model, config, passthrough, special_tokens)
+    tool_args, tool_calls = tool_call_options(model, config, passthrough, special_tokens, chat_template,
+                                              knobs.strict_tools)
     argv += tool_args
     threshold = threshold_semantics(method, knobs.accept_threshold, layer_mode)
     if layer_mode:

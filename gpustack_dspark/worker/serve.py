@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded
 from gpustack_dspark.knobs import DSparkKnobs, KnobError, parse_knob_args
-from gpustack_dspark.translate import Environment, LaunchPlan, path_method_marker, plan_launch
+from gpustack_dspark.translate import Environment, LaunchPlan, path_method_marker, plan_launch, with_structural_tags
 from gpustack_dspark.worker.fail import PROG, fail  # noqa: F401  (serve.fail: the one refusal)
 
 LAUNCHER_FLAGS = ("--print-vllm-args", "--config")
@@ -113,18 +113,52 @@ def prepare(argv: Sequence[str]) -> Tuple[bool, DSparkKnobs, LaunchPlan, Optiona
     templates = warmup.load_warmup_file(knobs.warmup_file) if knobs.warmup_file else []
     draft_config = read_config_json(knobs.draft_model, "--dspark-draft-model") if knobs.draft_model else None
     env = probe_environment()
-    special = special_tokens(model)
+    special, template = special_tokens(model), chat_template(model)
     plan = plan_launch(model, knobs, passthrough, config=model_config, draft=draft_config, env=env,
-                       special_tokens=special)
+                       special_tokens=special, chat_template=template)
     marker = path_method_marker(knobs.draft_model) if plan.method == "draft_model" else None
     if marker:
         alias = _neutral_alias(knobs.draft_model)
         plan = plan_launch(model, replace(knobs, draft_model=alias), passthrough, config=model_config,
-                           draft=draft_config, env=env, special_tokens=special)
+                           draft=draft_config, env=env, special_tokens=special, chat_template=template)
         plan = replace(plan, notes=plan.notes + (
             f"draft model {knobs.draft_model} passed to vLLM as {alias}: vLLM 0.32 reads the method "
             f"from a draft path containing {marker!r}",))
+    if plan.tool_calls:
+        try:
+            plan = with_structural_tags(plan, structural_tag_format(plan.tool_calls["parser"]))
+        except ImportError:  # no vLLM here (a plan printed outside the worker's venv): not known
+            pass
     return print_only, knobs, plan, default_schema, templates
+
+
+def structural_tag_format(parser: str) -> Optional[str]:
+    """The installed vLLM's structural-tag format for a tool-call parser (`hermes`, `llama`, ...),
+    None when it has none or vLLM does not know the parser (vLLM itself then refuses it).
+    ImportError without vLLM."""
+    from gpustack_dspark.worker.vllm_seam import resolve
+
+    try:
+        return getattr(resolve("ToolParserManager").get_tool_parser(parser), "structural_tag_model", None)
+    except KeyError:
+        return None
+
+
+def chat_template(model: str) -> Optional[str]:
+    """The model's chat template text (chat_template.jinja, else tokenizer_config.json's), None
+    when the model is not a local folder or has none."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    try:
+        return (folder / "chat_template.jinja").read_text()
+    except OSError:
+        pass
+    try:
+        value = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def special_tokens(model: str) -> Optional[List[str]]:

@@ -51,9 +51,10 @@ MESSAGES = [{"role": "user", "content": "Create an order record for user 7: sell
 @pytest.fixture(scope="module")
 def stack(shared_stack, tmp_path_factory):
     """The shared platform (its first replica is the open one) and a replica of this module's own
-    that wants an API key and holds secrets."""
+    that wants an API key, holds secrets and constrains every tool (`--dspark-strict-tools all`)."""
     base = tmp_path_factory.mktemp("request-path")
     keyed = start_replica(base / "keyed.log", ["--enable-dspark", "--dspark-warmup-requests", "1",
+                                               "--dspark-strict-tools", "all",
                                                "--api-key", API_KEY, "--hf-token", HF_TOKEN],
                           env={"DSPARK_TEST_DB_PASSWORD": ENV_SECRET})
     try:
@@ -441,13 +442,93 @@ def test_an_unusable_tool_schema_is_a_400(stack):
 
 
 def test_info_says_which_tool_call_options(stack):
-    _, _, replica, _ = stack
+    _, _, replica, keyed = stack
     info = replica.info()
     tools = info["tool_calls"]
-    # The fixture's tokenizer has no <|python_tag|>, so the llama parser would fail: the default.
-    assert tools["parser"] == "pythonic" and tools["source"] == "launcher" and "python_tag" in tools["reason"]
+    # The fixture's template writes calls as <tool_call>...</tool_call>: vLLM's hermes parser,
+    # which has structural tags, so strict tools are constrained under auto.
+    assert tools["parser"] == "hermes" and tools["source"] == "launcher" and "<tool_call>" in tools["reason"]
+    assert tools["strict"]["tools"] == "flagged" and tools["strict"]["under_auto"] is True
     argv = info["vllm_argv"]
-    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "pythonic"
+    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "hermes"
+    assert "--tool-strict-level" not in argv
+    keyed_info = httpx.get(f"{keyed.base_url}/dspark/info", headers={"Authorization": f"Bearer {API_KEY}"},
+                           timeout=5).json()
+    assert keyed_info["tool_calls"]["strict"]["tools"] == "all"
+    assert keyed_info["vllm_argv"][keyed_info["vllm_argv"].index("--tool-strict-level") + 1] == "parameter"
+
+
+# The fixture was tuned on lower-case cities and an optional unit spelled out: left free, its calls
+# break this schema; under strict: true the grammar keeps them to it.
+WEATHER_PARAMETERS = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima", "Oslo"]},
+    "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": False}
+STATUS_PARAMETERS = {"type": "object", "properties": {
+    "id": {"type": "integer", "minimum": 1, "maximum": 999}, "status": {"type": "string", "enum": ["OPEN", "SHUT"]}},
+    "required": ["id", "status"], "additionalProperties": False}
+AUTO_PROMPTS = ["What is the weather in paris?", "Weather in tokyo in celsius, please.", "Is it cold in oslo today?",
+                "Set item 4521 to done.", "Mark 77 as closed.", "Hello, how can I help you today?",
+                "What is the weather in lima?", "Set item 12 to open."]
+
+
+def _auto_tools(strict):
+    return [{"type": "function", "function": {"name": name, "strict": strict, "parameters": parameters}}
+            for name, parameters in (("get_weather", WEATHER_PARAMETERS), ("set_status", STATUS_PARAMETERS))]
+
+
+def _auto_round(client, tools, stream, count=16):
+    """`count` requests (prompts above, sampled at temperature 0.8 with a seed each) with
+    tool_choice auto, 8 at a time: the calls of the replies that ended by themselves, how many
+    of those were plain text, and how many replies max_tokens cut (a cut call is not a call)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        kwargs = dict(model=SERVED_NAME, messages=[{"role": "user", "content": AUTO_PROMPTS[i % len(AUTO_PROMPTS)]}],
+                      tools=tools, tool_choice="auto", max_tokens=160, temperature=0.8, seed=i)
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            finish = next((c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason), None)
+            return _streamed_tool_calls(chunks), finish
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        return ([{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls or []],
+                choice.finish_reason)
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(one, range(count)))
+    whole = [calls for calls, finish in replies if finish != "length"]
+    return [call for calls in whole for call in calls], sum(1 for calls in whole if not calls), len(replies) - len(whole)
+
+
+def _broken(calls, tools):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    return [c for c in calls if c["name"] not in schemas or not _validates(c["arguments"], schemas[c["name"]])]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_strict_tools_under_auto_every_call_names_a_tool_and_validates(client, stack, stream):
+    """tool_choice auto through GPUStack's /v1 with the SDK, the fixture sampling at 0.8: with
+    `strict: true` every call names one of the tools and its arguments validate (vLLM's
+    structural tags from the hermes parser); the same requests with strict off break the schema
+    in some calls — the constraint is what made the difference. Plain-text replies stay allowed."""
+    _, _, replica, _ = stack
+    before = (replica.info()["drafting"]["counters"] or {}).get("requests_with_grammar", 0)
+    strict_calls, strict_text, strict_cut = _auto_round(client, _auto_tools(True), stream)
+    free_calls, _, _ = _auto_round(client, _auto_tools(False), stream)
+    assert len(strict_calls) >= 6, (strict_calls, strict_text, strict_cut)  # the fixture calls tools under auto
+    assert _broken(strict_calls, _auto_tools(True)) == []
+    assert len(_broken(free_calls, _auto_tools(False))) >= 2, free_calls
+    # The structural tag is a grammar like any other: the drafting layer drafted inside it.
+    after = (replica.info()["drafting"]["counters"] or {}).get("requests_with_grammar", 0)
+    assert after >= before + 16
+
+
+def test_strict_tools_all_constrains_tools_without_the_flag(stack):
+    """`--dspark-strict-tools all` (this module's keyed replica): the same unflagged tools that
+    break their schema on the open replica validate on this one."""
+    _, _, _, keyed = stack
+    client = openai.OpenAI(base_url=f"{keyed.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=180)
+    calls, _, _ = _auto_round(client, _auto_tools(False), stream=False)
+    assert len(calls) >= 6 and _broken(calls, _auto_tools(False)) == [], calls
 
 
 # ---- part 5: hostile requests -----------------------------------------------------------------

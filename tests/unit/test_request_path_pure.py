@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpustack_dspark.knobs import DSparkKnobs
+from gpustack_dspark.knobs import DSparkKnobs, KnobError
 from gpustack_dspark.routing import upstream_status
 from gpustack_dspark.translate import DEFAULT_TOOL_PARSER, plan_launch, tool_call_options
 from gpustack_dspark.worker import redact, request_limits
@@ -168,11 +168,39 @@ def test_tool_call_parser_per_family(model_type, name, tokens, parser):
 def test_tool_call_parser_is_overridable_and_in_the_plan():
     args, info = tool_call_options("/m", {"model_type": "llama"}, ["--tool-call-parser", "hermes"], None)
     assert args == [] and info == {"parser": "hermes", "auto_tool_choice": False, "source": "given",
-                                   "reason": "--tool-call-parser given"}
+                                   "reason": "--tool-call-parser given", "strict": {"tools": "flagged"}}
     plan = plan_launch("/m", DSparkKnobs(enable=True), ["--enable-auto-tool-choice"], config={"model_type": "qwen3"})
     assert plan.vllm_argv.count("--enable-auto-tool-choice") == 1
     assert plan.vllm_argv[plan.vllm_argv.index("--tool-call-parser") + 1] == "hermes"
     assert plan.tool_calls["parser"] == "hermes"
+
+
+def test_a_chat_template_that_writes_tool_call_tags_gets_the_hermes_parser():
+    hermes_template = "{% for t in tools %}...{% endfor %}<tool_call>{{ c }}</tool_call>"
+    args, info = tool_call_options("/m", {"model_type": "llama"}, [], [], hermes_template)
+    assert args == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert "writes tool calls as <tool_call>" in info["reason"]
+    # A family with its own parser keeps it; a template without the tag keeps the default.
+    assert tool_call_options("/m", {"model_type": "deepseek_v3"}, [], None, hermes_template)[1]["parser"] == "deepseek_v3"
+    assert tool_call_options("/m", {"model_type": "llama"}, [], [], "{{ messages }}")[1]["parser"] == "pythonic"
+
+
+def test_strict_tools_all_asks_vllm_for_every_tool_and_needs_structural_tags():
+    from gpustack_dspark.translate import with_structural_tags
+
+    args, info = tool_call_options("/m", {"model_type": "qwen3"}, [], None, None, "all")
+    assert args[-2:] == ["--tool-strict-level", "parameter"] and info["strict"] == {"tools": "all"}
+    with pytest.raises(KnobError, match=r"--dspark-strict-tools: 'all' is not allowed .*--tool-strict-level=function"):
+        tool_call_options("/m", {"model_type": "qwen3"}, ["--tool-strict-level", "function"], None, None, "all")
+    plan = plan_launch("/m", DSparkKnobs(enable=True, strict_tools="all"), [], config={"model_type": "qwen3"})
+    kept = with_structural_tags(plan, "hermes")
+    assert kept.tool_calls["strict"]["under_auto"] is True and "hermes format" in kept.tool_calls["strict"]["mechanism"]
+    with pytest.raises(KnobError, match=r"'all' is not allowed \(vLLM's hermes tool-call parser has no structural "
+                                        r"tags.*; allowed: flagged"):
+        with_structural_tags(plan, None)
+    flagged = with_structural_tags(plan_launch("/m", DSparkKnobs(enable=True), [], config={"model_type": "gemma"}), None)
+    assert flagged.tool_calls["strict"]["under_auto"] is False
+    assert "judged before delivery" in flagged.tool_calls["strict"]["mechanism"]
 
 
 @pytest.mark.parametrize("schema,words", [

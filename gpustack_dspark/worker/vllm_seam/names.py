@@ -97,6 +97,10 @@ INTERNALS: Tuple[Internal, ...] = (
     Internal("Request", "vllm.v1.request", members=("num_tokens",),
              instance=("spec_token_ids", "num_computed_tokens", "is_prefill_chunk"),
              used_by="drafting/budget_step.py: each request's draft and progress"),
+    # --- serve.py: what the tool-call parser can constrain --------------------------------
+    Internal("ToolParserManager", "vllm.tool_parsers", members=("get_tool_parser",),
+             params=None, used_by="serve.structural_tag_format: a parser's structural-tag format "
+                                  "(its class's `structural_tag_model`; strict tools under auto)"),
     # --- vllm_fixes.py: the CPU build's two faults -----------------------------------------
     Internal("current_platform", "vllm.platforms", used_by="vllm_fixes: the fixes apply on CPU only"),
     Internal("expand_batch_to_tokens", "vllm.v1.sample.rejection_sampler", params=("x", "cu_num_tokens", "num_tokens"),
