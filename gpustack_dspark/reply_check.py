@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 NOT_JSON = "not_json"
 SCHEMA_MISMATCH = "schema_mismatch"
@@ -225,3 +225,29 @@ def check(content: Any, schema: Any = None) -> Optional[Problem]:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
     return Problem(SCHEMA_MISMATCH, _DECIMAL_REPR.sub(r"\1", error.message), where)
+
+
+def one_of_overlaps(content: Any, schema: Any) -> List[Tuple[Tuple[Any, ...], List[int]]]:
+    """Where a finished reply breaks a `oneOf` by satisfying more than one branch: (the schema
+    path of that `oneOf`, from the root; the branches it satisfies), for each such place. Empty
+    when there is none, or the text is no JSON, or a branch cannot be judged on its own (a
+    `$ref` relative to a document the branch is not)."""
+    try:
+        value = loads(content)
+    except ValueError:
+        return []
+    validator = _validators.get(schema)
+    if validator is None:
+        return []
+    out = []
+    for error in validator.iter_errors(value):
+        if error.validator != "oneOf" or not isinstance(error.validator_value, list):
+            continue
+        try:
+            matched = [i for i, branch in enumerate(error.validator_value)
+                       if validator.evolve(schema=branch).is_valid(error.instance)]
+        except Exception:
+            continue
+        if len(matched) > 1:
+            out.append((tuple(error.schema_path), matched))
+    return out

@@ -42,7 +42,8 @@ INFO = "dspark_replica"  # _info
 REQUEST_ACTIONS = ("json_injected", "legacy_converted", "kept", "rejected")
 # State counters -> the `what` label of dspark_grammar_requests_total (the two grammar engines).
 GRAMMAR_WHATS = {"engine_llguidance": "llguidance", "relaxed": "not_enforced", "second_attempts": "second_attempt",
-                 "second_attempt_served": "second_attempt_served", "streams_checked": "stream_checked"}
+                 "second_attempt_served": "second_attempt_served", "streams_checked": "stream_checked",
+                 "oneof_narrowed": "oneof_narrowed", "oneof_narrowed_served": "oneof_narrowed_served"}
 
 CollectorFn = Callable[[], Iterable]
 _extra: List[CollectorFn] = []
@@ -96,7 +97,8 @@ def state_families(state: worker_state.WorkerState) -> Iterator:
     grammar = CounterMetricFamily(GRAMMAR_REQUESTS, "Schema requests by how the grammar engines served them: "
                                   "llguidance, not_enforced (lenient or relaxed; the reply is checked), "
                                   "second_attempt, second_attempt_served, stream_checked (streamed replies judged "
-                                  "whole before their end went out)", labels=["model_name", "what"])
+                                  "whole before their end went out), oneof_narrowed, oneof_narrowed_served (second "
+                                  "attempts with a oneOf narrowed to the branch the first reply matched)", labels=["model_name", "what"])
     for key, what in GRAMMAR_WHATS.items():
         grammar.add_metric([model, what], counters.get(key, 0))
     yield grammar

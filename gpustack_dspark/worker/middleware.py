@@ -212,19 +212,30 @@ class DSparkMiddleware:
         violation = schema_violation(start, reply, schema, tools)
         if plan is None and schema is state.default_schema and schema is not None:
             plan = schema_check.EnginePlan("xgrammar", schema)
-        if violation and plan is not None:
-            # One more attempt with the other engine (greedy decoding would repeat the same reply).
-            other = await asyncio.get_running_loop().run_in_executor(
+        narrowed = None
+        if violation and schema is not None:
+            # A reply that satisfies several branches of a oneOf: the branch it matched, closed.
+            narrowed = await asyncio.get_running_loop().run_in_executor(
+                None, schema_check.narrowed_plan, schema, _first_content(reply), state.grammar_engines)
+        if violation and (plan is not None or narrowed is not None):
+            # One more attempt: the narrowed oneOf, else the other engine (greedy decoding would
+            # repeat the same reply).
+            other = narrowed or await asyncio.get_running_loop().run_in_executor(
                 None, schema_check.second_plan, schema, plan, state.grammar_engines)
             if other is not None:
                 state.count("second_attempts")
-                logger.warning("reply failed the schema check (%s); second attempt with %s", violation, other.engine)
+                if narrowed is not None:
+                    state.count("oneof_narrowed")
+                logger.warning("reply failed the schema check (%s); second attempt with %s%s", violation, other.engine,
+                               " (oneOf narrowed)" if narrowed is not None else "")
                 retry_raw = json.dumps(json_default.with_schema(body, other.grammar_schema)).encode()
                 start2, reply2 = await self._buffered(_with_length(scope, len(retry_raw)), _replay(retry_raw, receive))
                 if start2.get("status") == 200:
                     violation2 = schema_violation(start2, reply2, schema, tools)
                     if not violation2:
                         state.count("second_attempt_served")
+                        if narrowed is not None:
+                            state.count("oneof_narrowed_served")
                         start, reply, violation = start2, reply2, None
         if violation:
             state.count("schema_violations")
@@ -354,6 +365,15 @@ def _problem(content: str, schema: Any) -> Optional[str]:
         logger.warning("schema check of a reply failed: %s", e)
         return None
     return None if problem is None else str(problem)
+
+
+def _first_content(body: bytes) -> str:
+    """The first choice's text of a non-streamed reply ("" when there is none)."""
+    try:
+        choice = (json.loads(body).get("choices") or [{}])[0]
+        return (choice.get("message") or {}).get("content") or choice.get("text") or ""
+    except Exception:
+        return ""
 
 
 def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any],

@@ -14,10 +14,10 @@ import hashlib
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from gpustack_dspark import bounded
+from gpustack_dspark import bounded, reply_check
 from gpustack_dspark.knobs import KnobError
 from gpustack_dspark.worker import request_limits
 # The annotation the engine's manager reads (and removes) to pick llguidance for a request.
@@ -524,6 +524,59 @@ def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optio
             return EnginePlan("xgrammar", schema, [])
         return _relaxed_plan(schema)
     return None
+
+
+def narrowed_plan(schema: Any, content: str, engines: Sequence[str]) -> Optional[EnginePlan]:
+    """One more attempt after a reply broke a `oneOf` by satisfying several of its branches (a
+    `oneOf` served as `anyOf`, or an engine that cannot prove branches exclusive): each such
+    `oneOf` narrowed to one branch the reply matched, closed to that branch's own properties
+    (`additionalProperties: false` on an object branch that leaves it open), preferring a
+    branch whose closed form rules out the other matched ones (a key they require that it does
+    not declare). The reply is still checked against the original schema. None when there is
+    nothing to narrow or the narrowed schema has no engine."""
+    overlaps = reply_check.one_of_overlaps(content, schema)
+    if not overlaps:
+        return None
+    narrowed = copy.deepcopy(schema)
+    for path, matched in overlaps:
+        node = narrowed
+        for step in path[:-1]:
+            if step == "$ref" or not isinstance(node, (dict, list)):
+                return None
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                return None
+        if not isinstance(node, dict) or not isinstance(node.get(path[-1]), list):
+            return None
+        branches = node.pop(path[-1])
+        chosen = _exclusive_branch([branches[i] for i in matched])
+        node["allOf"] = list(node.get("allOf") or []) + [_closed(chosen)]
+    plan = plan_engine(narrowed, engines)
+    if plan.problem:
+        return None
+    return replace(plan, dropped=list(plan.dropped) + ["oneOf narrowed to the branch the first reply matched"])
+
+
+def _closed(branch: Any) -> Any:
+    if (isinstance(branch, dict) and isinstance(branch.get("properties"), dict) and not any(
+            key in branch for key in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
+        return {**branch, "additionalProperties": False}
+    return branch
+
+
+def _exclusive_branch(branches: List[Any]) -> Any:
+    """The first branch whose declared properties leave out a key every other branch requires."""
+    def declared(branch):
+        return set(branch.get("properties") or {}) if isinstance(branch, dict) else set()
+
+    def required(branch):
+        return set(branch.get("required") or []) if isinstance(branch, dict) else set()
+
+    for i, branch in enumerate(branches):
+        if all(required(other) - declared(branch) for j, other in enumerate(branches) if j != i):
+            return branch
+    return branches[0]
 
 
 def _relaxed_plan(schema: Any) -> Optional[EnginePlan]:

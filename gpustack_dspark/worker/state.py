@@ -50,7 +50,7 @@ class WorkerState:
     counters: Dict[str, int] = field(default_factory=lambda: {
         "json_injected": 0, "legacy_converted": 0, "kept": 0, "rejected": 0, "schema_violations": 0,
         "relaxed": 0, "engine_llguidance": 0, "second_attempts": 0, "second_attempt_served": 0,
-        "sampling_refused": 0, "streams_checked": 0})
+        "sampling_refused": 0, "streams_checked": 0, "oneof_narrowed": 0, "oneof_narrowed_served": 0})
     # vLLM's --api-key values (or VLLM_API_KEY): /dspark/info then needs one. Never shown.
     api_keys: Tuple[str, ...] = field(default=(), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

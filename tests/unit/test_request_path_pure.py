@@ -405,3 +405,35 @@ def test_draft04_boolean_exclusive_bounds_are_written_as_numbers_when_relaxing()
     assert "$schema" not in relaxed and schema["properties"]["n"]["exclusiveMinimum"] is True  # a copy
     assert "exclusiveMinimum as a draft-04 boolean at /properties/n (written as a number)" in dropped
     assert "patternProperties at (root)" in dropped
+
+
+PAYMENT = {"type": "object", "properties": {"pay": {"oneOf": [
+    {"type": "object", "properties": {"card": {"type": "string"}}, "required": ["card"]},
+    {"type": "object", "properties": {"iban": {"type": "string"}, "card": {"type": "string"}}, "required": ["iban"]}]}},
+    "required": ["pay"]}
+
+
+def test_a_reply_that_satisfies_two_oneof_branches_is_found_with_its_path():
+    from gpustack_dspark import reply_check
+
+    assert reply_check.one_of_overlaps('{"pay":{"card":"x","iban":"y"}}', PAYMENT) == [(("properties", "pay", "oneOf"), [0, 1])]
+    assert reply_check.one_of_overlaps('{"pay":{"card":"x"}}', PAYMENT) == []  # one branch: fine
+    assert reply_check.one_of_overlaps('{"pay":{}}', PAYMENT) == []  # no branch: not an overlap
+    assert reply_check.one_of_overlaps("not json", PAYMENT) == []
+
+
+def test_the_narrowed_oneof_keeps_the_branch_that_rules_out_the_other_and_closes_it():
+    from gpustack_dspark import reply_check
+    from gpustack_dspark.worker.schema_check import narrowed_plan
+
+    plan = narrowed_plan(PAYMENT, '{"pay":{"card":"x","iban":"y"}}', ("xgrammar", "llguidance"))
+    narrowed = plan.grammar_schema["properties"]["pay"]
+    # Branch 0 closed cannot carry the iban branch 1 requires; branch 1 closed can carry a card.
+    assert "oneOf" not in narrowed and narrowed["allOf"] == [{**PAYMENT["properties"]["pay"]["oneOf"][0],
+                                                               "additionalProperties": False}]
+    assert plan.dropped[-1] == "oneOf narrowed to the branch the first reply matched"
+    assert reply_check.check('{"pay":{"card":"x"}}', PAYMENT) is None  # what it allows, the original accepts
+    assert narrowed_plan(PAYMENT, '{"pay":{"card":"x"}}', ("xgrammar",)) is None  # nothing to narrow
+    behind_ref = {"$defs": {"p": PAYMENT["properties"]["pay"]}, "type": "object",
+                  "properties": {"pay": {"$ref": "#/$defs/p"}}}
+    assert narrowed_plan(behind_ref, '{"pay":{"card":"x","iban":"y"}}', ("xgrammar",)) is None
