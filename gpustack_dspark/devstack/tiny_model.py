@@ -15,9 +15,10 @@ system line) and an assistant's calls in the Hermes format, `<tool_call>{"name":
 "arguments": {...}}</tool_call>` — the format of vLLM's `hermes` parser, which has structural
 tags, so `strict: true` tools are constrained under `tool_choice: "auto"` (the launcher picks
 that parser for a template that writes `<tool_call>`). `tune` teaches the built target to call
-tools under `auto` (the corpus above mixed with tool-call turns rendered by that template:
-a call when the user asks for something a tool does, plain text otherwise), starting from its
-weights, so everything else it does stays:
+tools under `auto` (tool-call turns rendered by that template: a call when the user asks for
+something a tool does, plain text otherwise), starting from its weights and held to its own
+distributions on the corpus above (a KL term against a frozen copy), so everything else it does
+stays:
 
     .venv-worker/bin/python -m gpustack_dspark.devstack.tiny_model tune fixtures/models
 
@@ -291,11 +292,14 @@ def train_model(out: Path, tokenizer, texts: List[str], hidden: int, layers: int
     return _save(model, tokenizer, out, {"steps": step, "final_loss": round(loss_value, 3), "seconds": round(seconds)})
 
 
-def tune_tools(dest: Path, seconds: float, docs: int, tool_docs: int) -> dict:
-    """Teach the built target to call tools (module docstring): its weights and tokenizer, the
-    template with tools, the original corpus mixed with tool-call turns; the draft model's
-    folder gets the same tokenizer files (they share the tokenizer)."""
+def tune_tools(dest: Path, seconds: float, docs: int, tool_docs: int, lr: float = 1e-3) -> dict:
+    """Teach the built target to call tools (module docstring) and keep everything else it does:
+    each step is half tool-call turns (learned: cross-entropy) and half the original corpus,
+    where the tuned model is held to the built one's own next-token distributions (KL
+    divergence to a frozen copy), so replies without tools stay what they were. The draft
+    model's folder gets the same tokenizer files (they share the tokenizer)."""
     import torch
+    import torch.nn.functional as F
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     target = dest / TARGET_DIR
@@ -303,16 +307,36 @@ def tune_tools(dest: Path, seconds: float, docs: int, tool_docs: int) -> dict:
     tokenizer.chat_template = CHAT_TEMPLATE
     turns = [tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
              for messages, tools in tool_conversations(tool_docs)]
-    texts = list(documents(docs)) + turns
-    random.Random(5).shuffle(texts)
+    new, kept = _batches(tokenizer, turns), _batches(tokenizer, list(documents(docs)))
     torch.manual_seed(3)
     model = LlamaForCausalLM.from_pretrained(target, torch_dtype=torch.float32)
+    teacher = LlamaForCausalLM.from_pretrained(target, torch_dtype=torch.float32).eval()
     before = json.loads((target / "build-info.json").read_text())
-    step, loss_value = _fit(model, _batches(tokenizer, texts), target, seconds, 3, lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(3)
+    start, step, learned, held = time.time(), 0, float("nan"), float("nan")
+    model.train()
+    while time.time() - start < seconds:
+        rows = new[torch.randint(0, new.shape[0], (8,), generator=gen)]
+        keep = kept[torch.randint(0, kept.shape[0], (8,), generator=gen)]
+        loss_new = model(input_ids=rows, labels=rows).loss
+        with torch.no_grad():
+            reference = F.log_softmax(teacher(input_ids=keep).logits, -1)
+        drift = F.kl_div(F.log_softmax(model(input_ids=keep).logits, -1), reference, log_target=True,
+                         reduction="sum") / keep.numel()
+        loss = loss_new + 4.0 * drift
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        learned, held = loss_new.item(), drift.item()
+        if step % 100 == 0:
+            print(f"  {target.name}: step {step} tool-turn loss {learned:.3f}, KL to the built model {held:.4f} "
+                  f"({time.time() - start:.0f} s)", flush=True)
     info = _save(model, tokenizer, target, {
         **{k: v for k, v in before.items() if k != "params" and k != "tool_tuning"},
-        "tool_tuning": {"steps": step, "final_loss": round(loss_value, 3), "seconds": round(seconds),
-                        "tool_turns": len(turns), "docs": docs}})
+        "tool_tuning": {"steps": step, "tool_turn_loss": round(learned, 3), "kl_to_built": round(held, 4),
+                        "seconds": round(seconds), "tool_turns": len(turns), "docs": docs, "lr": lr}})
     tokenizer.save_pretrained(dest / DRAFT_DIR)
     _drop_load_keys(dest / DRAFT_DIR)
     return info
@@ -348,12 +372,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.add_argument("--target-seconds", type=float, default=240)
         parser.add_argument("--draft-seconds", type=float, default=90)
     parser.add_argument("--docs", type=int, default=8000)
-    parser.add_argument("--tune-seconds", type=float, default=180)
-    parser.add_argument("--tool-docs", type=int, default=4000)
+    parser.add_argument("--tune-seconds", type=float, default=120)
+    parser.add_argument("--tool-docs", type=int, default=1500)
+    parser.add_argument("--tune-lr", type=float, default=1e-3)
     args = parser.parse_args(argv[1:] if tune_only else argv)
     if not tune_only:
         build(args.dest, args.target_seconds, args.draft_seconds, args.docs)
-    print("tool tuning:", tune_tools(args.dest, args.tune_seconds, args.docs, args.tool_docs), flush=True)
+    print("tool tuning:", tune_tools(args.dest, args.tune_seconds, args.docs, args.tool_docs, args.tune_lr), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import hmac
 import json
 import logging
 import os
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Collection, Dict, List, Optional, Tuple
 
 from gpustack_dspark import reply_check
 from gpustack_dspark.worker import (json_default, request_limits, sampling_check, schema_check,
@@ -192,17 +192,22 @@ class DSparkMiddleware:
                 logger.info("schema served by %s without enforcing (reply still checked): %s",
                             plan.engine, ", ".join(plan.dropped[:5]))
 
-        for where, _name, tool_schema in grammar_tool_schemas(body):
+        forced = grammar_tool_schemas(body)
+        every_tool = ((state.plan.tool_calls or {}).get("strict") or {}).get("tools") == "all"
+        strict = [t for t in strict_tool_schemas(body, every_tool) if t[1] not in {name for _, name, _ in forced}]
+        for where, _name, tool_schema in forced + strict:
             problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, tool_schema)
             if problem:
                 state.count("rejected")
+                why = "tool_choice" if (where, _name, tool_schema) in forced else "a strict tool"
                 return await _send_json(send, 400, openai_error(
-                    f"{where} is not usable as a grammar for tool_choice: {problem}", param="tools"))
+                    f"{where} is not usable as a grammar for {why}: {problem}", param="tools"))
+        strict_forced_tools(body, {name for _, name, _ in forced})
 
         if schema is None and json_default.wants_json_object(body):
             schema = ANY_JSON
         new_raw = json.dumps(body).encode()
-        tools = tool_check(body)
+        tools = tool_check(body, every_tool)
         if body.get("stream"):
             if schema is None and tools is None:
                 return await self.app(_with_length(scope, len(new_raw)), _replay(new_raw, receive), send)
@@ -321,20 +326,40 @@ def grammar_tool_schemas(body: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
     return out
 
 
-def tool_check(body: Dict[str, Any]) -> Optional[Callable[[str, str], Optional[str]]]:
+def strict_tool_schemas(body: Dict[str, Any], every: bool = False) -> List[Tuple[str, Any, Any]]:
+    """(where, name, parameters) of the tools marked `"strict": true` (with `every`: of every
+    tool, `--dspark-strict-tools all`): their arguments are a grammar under any tool_choice."""
+    tools = body.get("tools")
+    out = []
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("parameters") is not None and (
+                every or function.get("strict") is True):
+            out.append((f"tools[{i}].function.parameters", function.get("name"), function["parameters"]))
+    return out
+
+
+def strict_forced_tools(body: Dict[str, Any], names: Collection[Any]) -> None:
+    """Marks the tools a "required" or named tool_choice forces `"strict": true` where the
+    request leaves `strict` out, in place: with a structural-tag parser (hermes, llama3_json, ...)
+    vLLM 0.32 constrains only strict tools' arguments, where it used to constrain every forced
+    call's; this keeps that promise (docs/worker.md, "Tool calls")."""
+    for tool in body.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") in names and "strict" not in function:
+            function["strict"] = True
+
+
+def tool_check(body: Dict[str, Any], every: bool = False) -> Optional[Callable[[str, str], Optional[str]]]:
     """How a finished reply's tool calls are judged, or None when they are not: calls under a
     grammar (tool_choice "required" or named) must name one of those tools and carry arguments
-    valid for its `parameters`; a call to a tool marked `"strict": true` must carry valid
-    arguments whatever the tool_choice."""
+    valid for its `parameters`; a call to a tool marked `"strict": true` (with `every`: to any
+    tool) must carry valid arguments whatever the tool_choice."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return None
     constrained = {name: schema for _, name, schema in grammar_tool_schemas(body)}
-    strict = {}
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and function.get("strict") is True and function.get("parameters") is not None:
-            strict[function.get("name")] = function["parameters"]
+    strict = {name: schema for _, name, schema in strict_tool_schemas(body, every)}
     if not constrained and not strict:
         return None
 

@@ -320,7 +320,7 @@ def test_a_oneof_llguidance_cannot_prove_exclusive_is_served_as_anyof_and_checke
 def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):
     _, _, replica, _ = stack
     before = _requests(replica)
-    r = _proxy(stack, _schema_body(VERSION_SCHEMA, max_tokens=96, messages=DOCUMENT))
+    r = _proxy(stack, _schema_body(VERSION_SCHEMA, max_tokens=200, messages=DOCUMENT))
     assert r.status_code == 200, r.text[:300]
     jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), VERSION_SCHEMA)
     after = _requests(replica)

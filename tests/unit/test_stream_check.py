@@ -131,3 +131,20 @@ def test_streamed_tool_call_arguments_are_judged_and_their_last_part_held():
     strict = [{**tools[0], "function": {**tools[0]["function"], "strict": True}}]
     assert tool_check({"tools": strict, "tool_choice": "auto"})("lookup", '{"user_id": 1}')
     assert tool_check({"tools": strict, "tool_choice": "auto"})("other", "{}") is None  # not a strict tool
+
+
+def test_forced_tools_are_marked_strict_unless_the_request_says_and_all_judges_every_tool():
+    from gpustack_dspark.worker.middleware import strict_forced_tools, strict_tool_schemas, tool_check
+
+    params = {"type": "object", "properties": {"user_id": {"type": "integer"}}, "required": ["user_id"]}
+    body = {"tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "a", "parameters": params}},
+        {"type": "function", "function": {"name": "b", "parameters": params, "strict": False}},
+        {"type": "function", "function": {"name": "c", "parameters": params}}]}
+    strict_forced_tools(body, {"a", "b"})
+    assert [t["function"].get("strict") for t in body["tools"]] == [True, False, None]
+    assert [name for _, name, _ in strict_tool_schemas(body)] == ["a"]
+    assert [name for _, name, _ in strict_tool_schemas(body, every=True)] == ["a", "b", "c"]
+    auto = {"tools": body["tools"], "tool_choice": "auto"}
+    assert tool_check(auto)("c", '{"user_id": "x"}') is None  # not strict: parsed text, not judged
+    assert "arguments of the call to c" in tool_check(auto, every=True)("c", '{"user_id": "x"}')
