@@ -88,11 +88,12 @@ $(WORKER_STAMP): pyproject.toml $(WORKER_LOCK) | $(UV)
 image-base:
 	@PYTHONPATH=$(CURDIR) $(PYTHON) -m gpustack_dspark.devstack image --base
 
-# Two pytest-xdist workers, a module (or a group of modules, tests/xdist_groups.py) per
-# unit of work, in the order collected: most integration tests wait on processes, so two
-# streams use the two cores one stream leaves half idle. Default one stream (0): two (PYTEST_WORKERS=2)
-# took 18-25 min but failed timing-sensitive tests under each other's load (stop note of 2026-12-03).
-PYTEST_WORKERS ?= 0
+# Two pytest-xdist workers (the default), a module (or a group of modules, tests/xdist_groups.py)
+# per unit of work, in the order collected: most integration tests wait on processes, so two
+# streams use the two cores one stream leaves half idle. Clean clones of 2026-12-04: 17:27 and
+# 16:17 of tests with two workers against 38-46 min in one stream (the landed CI of stop 33:
+# 46:24 with setup). PYTEST_WORKERS=0: one stream.
+PYTEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 \
 	  $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder) $(PYTEST_ARGS)
