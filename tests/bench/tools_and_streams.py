@@ -189,7 +189,7 @@ def main(argv=None) -> None:
                              ("order JSON not streamed, schema (checked)", {})):
             bodies = [{**body, **change, "seed": i} for i, body in enumerate(order)]
             figures, replies = measure(url, bodies, args.concurrency)
-            note = f"check {check_cost_us(replies):.0f} us/reply" if "streamed, schema" in name else ""
+            note = f"check {check_cost_us(replies):.0f} us/reply" if name.startswith("order JSON streamed, schema") else ""
             rows.append((name, figures, note))
             print(rows[-1], file=sys.stderr, flush=True)
     finally:
