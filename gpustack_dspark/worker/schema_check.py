@@ -433,6 +433,28 @@ def _has_pattern_properties(schema: Any) -> bool:
     return False
 
 
+_ANY_KEY = {".*", "^.*$", "^.*", ".*$", ".+", "^.+$", "^.+", ""}
+
+
+def _without_pattern_properties(schema: Any) -> Any:
+    """`schema` with every `patternProperties` taken out: a pattern that matches any key becomes
+    `additionalProperties` (where that is not set), the others are dropped (their keys are then
+    free: a relaxation the reply check makes up for)."""
+    if isinstance(schema, list):
+        return [_without_pattern_properties(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _without_pattern_properties(v) for k, v in schema.items() if k != "patternProperties"}
+    patterns = schema.get("patternProperties")
+    if isinstance(patterns, dict):
+        anything = [v for k, v in patterns.items() if k in _ANY_KEY]
+        if len(anything) == 1 and len(patterns) == 1 and "additionalProperties" not in schema:
+            out["additionalProperties"] = _without_pattern_properties(anything[0])
+        elif schema.get("additionalProperties") is False:
+            out.pop("additionalProperties")  # keys the patterns allowed must stay possible
+    return out
+
+
 def _frontend_takes_xgrammar(schema: Dict[str, Any]) -> bool:
     """vLLM's frontend ("auto") keeps a schema on xgrammar when xgrammar parses it without a
     vocabulary (validate_xgrammar_grammar); else it goes to llguidance, or to outlines when it
@@ -488,7 +510,8 @@ def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional
 
 def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> EnginePlan:
     """The first attempt. xgrammar when it supports and compiles the schema exactly; else
-    llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed
+    llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed, then
+    llguidance with patternProperties taken out (`_without_pattern_properties`)
     (every reply, streamed or not, is checked before its end is delivered: middleware.py,
     stream_check.py); else a 400 naming the first engine's reason."""
     dual = "llguidance" in engines
@@ -508,6 +531,12 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
         plan = _relaxed_plan(schema)
         if plan is not None:
             return plan
+    if dual and relax and _has_pattern_properties(schema):
+        # Last: the grammar without patternProperties, which vLLM's frontend lets reach
+        # llguidance (with them it goes to outlines); the reply is checked against the original.
+        plan = _llguidance_plan(_without_pattern_properties(schema), marked=True, allow_lenient=True)
+        if plan is not None:
+            return replace(plan, dropped=list(plan.dropped) + ["patternProperties as additionalProperties"])
     if dual and isinstance(schema, dict):
         other = llguidance_problem(schema)
         if other:
@@ -530,7 +559,8 @@ def narrowed_plan(schema: Any, content: str, engines: Sequence[str]) -> Optional
     """One more attempt after a reply broke a `oneOf` by satisfying several of its branches (a
     `oneOf` served as `anyOf`, or an engine that cannot prove branches exclusive): each such
     `oneOf` narrowed to one branch the reply matched, closed to that branch's own properties
-    (`additionalProperties: false` on an object branch that leaves it open), preferring a
+    (`additionalProperties: false` on an object branch that leaves it open; its `const`/`enum`
+    properties required), preferring a
     branch whose closed form rules out the other matched ones (a key they require that it does
     not declare). The reply is still checked against the original schema. None when there is
     nothing to narrow or the narrowed schema has no engine."""
@@ -559,10 +589,18 @@ def narrowed_plan(schema: Any, content: str, engines: Sequence[str]) -> Optional
 
 
 def _closed(branch: Any) -> Any:
-    if (isinstance(branch, dict) and isinstance(branch.get("properties"), dict) and not any(
-            key in branch for key in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
-        return {**branch, "additionalProperties": False}
-    return branch
+    """An object branch closed to its own properties, with its discriminating properties (a
+    `const` or an `enum`) required: what tells it from its sibling branches must be written."""
+    if not isinstance(branch, dict) or not isinstance(branch.get("properties"), dict):
+        return branch
+    out = dict(branch)
+    if not any(key in branch for key in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    tags = [name for name, sub in branch["properties"].items() if isinstance(sub, dict) and ("const" in sub or "enum" in sub)]
+    required = list(branch.get("required") or [])
+    if tags and isinstance(branch.get("required", []), list):
+        out["required"] = required + [name for name in tags if name not in required]
+    return out
 
 
 def _exclusive_branch(branches: List[Any]) -> Any:

@@ -437,3 +437,23 @@ def test_the_narrowed_oneof_keeps_the_branch_that_rules_out_the_other_and_closes
     behind_ref = {"$defs": {"p": PAYMENT["properties"]["pay"]}, "type": "object",
                   "properties": {"pay": {"$ref": "#/$defs/p"}}}
     assert narrowed_plan(behind_ref, '{"pay":{"card":"x","iban":"y"}}', ("xgrammar",)) is None
+
+
+def test_a_discriminating_property_is_required_in_the_narrowed_branch():
+    from gpustack_dspark.worker.schema_check import _closed
+
+    branch = {"type": "object", "properties": {"kind": {"enum": ["github/pullrequest"]}, "title": {"type": "string"}}}
+    closed = _closed(branch)
+    assert closed["required"] == ["kind"] and closed["additionalProperties"] is False
+    assert _closed({"$ref": "#/x"}) == {"$ref": "#/x"}  # nothing to close
+
+
+def test_pattern_properties_become_additional_properties_for_the_grammar():
+    from gpustack_dspark.worker.schema_check import _without_pattern_properties
+
+    anything = {"type": "object", "patternProperties": {".*": {"type": "integer"}}}
+    assert _without_pattern_properties(anything) == {"type": "object", "additionalProperties": {"type": "integer"}}
+    closed = {"type": "object", "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False,
+              "properties": {"a": {"patternProperties": {".*": {}}}}}
+    # The x- keys stay possible (their pattern is gone, so the grammar must allow any key).
+    assert _without_pattern_properties(closed) == {"type": "object", "properties": {"a": {"additionalProperties": {}}}}
