@@ -37,6 +37,9 @@ from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 from tests.bench.models import add_model_argument, resolve
 from tests.bench.order_json import SAME_VLLM_ARGS
 
+# The fixture was tuned on lower-case cities, a unit spelled out and statuses like "done": left
+# free, its calls break these schemas; a tool marked strict keeps them to it (also used by
+# tests/integration/test_request_path.py).
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima", "Oslo"]},
     "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": False}

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.postgres import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from tests.bench.tools_and_streams import PROMPTS, tools as _auto_tools
 from tests.conftest import dspark_status, wait_for
 
 pytestmark = pytest.mark.integration
@@ -458,30 +459,15 @@ def test_info_says_which_tool_call_options(stack):
     assert keyed_info["vllm_argv"][keyed_info["vllm_argv"].index("--tool-strict-level") + 1] == "parameter"
 
 
-# The fixture was tuned on lower-case cities and an optional unit spelled out: left free, its calls
-# break this schema; under strict: true the grammar keeps them to it.
-WEATHER_PARAMETERS = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima", "Oslo"]},
-    "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": False}
-STATUS_PARAMETERS = {"type": "object", "properties": {
-    "id": {"type": "integer", "minimum": 1, "maximum": 999}, "status": {"type": "string", "enum": ["OPEN", "SHUT"]}},
-    "required": ["id", "status"], "additionalProperties": False}
-AUTO_PROMPTS = ["What is the weather in paris?", "Weather in tokyo in celsius, please.", "Is it cold in oslo today?",
-                "Set item 4521 to done.", "Mark 77 as closed.", "Hello, how can I help you today?",
-                "What is the weather in lima?", "Set item 12 to open."]
-
-
-def _auto_tools(strict):
-    return [{"type": "function", "function": {"name": name, "strict": strict, "parameters": parameters}}
-            for name, parameters in (("get_weather", WEATHER_PARAMETERS), ("set_status", STATUS_PARAMETERS))]
+# Two tools whose schemas the fixture's own calls break (tests/bench/tools_and_streams.py says
+# how), the benchmark's prompts that ask for a call and one that only chats.
+AUTO_PROMPTS = PROMPTS[:8]
 
 
 def _auto_round(client, tools, stream, count=16):
     """`count` requests (prompts above, sampled at temperature 0.8 with a seed each) with
     tool_choice auto, 8 at a time: the calls of the replies that ended by themselves, how many
     of those were plain text, and how many replies max_tokens cut (a cut call is not a call)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(i):
         kwargs = dict(model=SERVED_NAME, messages=[{"role": "user", "content": AUTO_PROMPTS[i % len(AUTO_PROMPTS)]}],
                       tools=tools, tool_choice="auto", max_tokens=160, temperature=0.8, seed=i)
