@@ -139,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     except modeldoc.SpecErrors as e:
         raise BadInput(f"{len(e.errors)} problem(s), nothing applied:\n{e}") from None
     with ModelsAPI(args.server, args.api_key) as api:
+        mentioned = {d.name: set(d.entry) for d in docs}
         fill_from_server(api, docs, args.cluster)
-        steps = plan.read_plan(api.import_documents(render(docs), dry_run=True))
+        steps = plan.without_derived(plan.read_plan(api.import_documents(render(docs), dry_run=True)), mentioned)
         refusals = _refusals(args.file, steps)
         if refusals:
             raise BadInput(f"GPUStack refused the file, nothing applied:\n" + "\n".join(refusals))

@@ -37,6 +37,29 @@ def read_plan(result: Dict[str, Any]) -> List[Step]:
     return steps
 
 
+# Fields GPUStack fills in itself when a document leaves them out (categories: derived from the
+# model's config, asynchronously after the model is created).
+SERVER_DERIVED = ("categories",)
+
+
+def without_derived(steps: List[Step], mentioned: Dict[str, Any]) -> List[Step]:
+    """The plan without changes to SERVER_DERIVED fields a document did not mention
+    (`mentioned`: document name -> the fields it sets); an update left with nothing to change
+    is "unchanged". Without it, applying a file twice right after the first create could read
+    as an update: GPUStack had derived the categories between our read and its plan."""
+    out = []
+    for step in steps:
+        if step.action == "update":
+            kept = [c for c in step.changes
+                    if c.get("field") not in SERVER_DERIVED or c.get("field") in mentioned.get(step.name, ())]
+            if not kept and step.changes and not step.errors:
+                step = Step(step.index, step.name, "unchanged", [], step.running, [])
+            else:
+                step = Step(step.index, step.name, step.action, kept, step.running, step.errors)
+        out.append(step)
+    return out
+
+
 def _show(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value, ensure_ascii=False)
 

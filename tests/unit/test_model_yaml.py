@@ -180,6 +180,20 @@ def test_the_plan_reads_gpustacks_dry_run_and_renders_a_diff():
     assert plan.sparse_update(steps[1].changes, desired=False)["replicas"] == 2
 
 
+def test_categories_gpustack_derived_are_no_change_unless_the_document_sets_them():
+    # Seen in CI: the second apply right after a create read GPUStack's freshly derived ["llm"]
+    # as a change to undo.
+    derived = {"field": "categories", "current": ["llm"], "desired": []}
+    steps = plan.read_plan({"entries": [
+        {"index": 0, "name": "a", "action": "update", "changes": [derived]},
+        {"index": 1, "name": "b", "action": "update", "changes": [derived, {"field": "replicas", "current": 1,
+                                                                             "desired": 2}]},
+        {"index": 2, "name": "c", "action": "update", "changes": [derived]}]})
+    kept = plan.without_derived(steps, {"a": {"name"}, "b": {"name"}, "c": {"name", "categories"}})
+    assert [(s.action, [c["field"] for c in s.changes]) for s in kept] == [
+        ("unchanged", []), ("update", ["replicas"]), ("update", ["categories"])]
+
+
 # --- the wait -------------------------------------------------------------------------------
 
 def test_progress_counts_running_and_stops_on_error():
