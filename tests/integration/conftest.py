@@ -4,7 +4,7 @@ the suite inside its budget on a 2-core machine:
 - the modules that use the platform run one after another, and it stops after the last of
   them instead of at the session's end (its replicas would otherwise sit beside every later
   module's own);
-- with two pytest-xdist workers (`make test`'s default; `PYTEST_WORKERS=0`: one stream), the workers
+- with `PYTEST_WORKERS=2` (`make test` runs one stream by default), two pytest-xdist workers
   take a module, or a group of modules, at a time (tests/xdist_groups.py); collection order is
   the order units go out: the longest group first.
 """
