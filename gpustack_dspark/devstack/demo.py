@@ -47,6 +47,7 @@ from gpustack_dspark.devstack.server import ADMIN_USER
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEMO_LOG = "demo.log"
+OUTPUT_GRACE_S = 1.0  # how long a dead output waits for the signal that may have caused it
 
 BENCH_REQUESTS = 32
 BENCH_CONCURRENCY = 4
@@ -83,9 +84,16 @@ class Stopper:
         raise DemoStop(self.reason)
 
     def output_died(self) -> None:
-        """Progress found stdout dead (any thread): stop as for a signal."""
-        if self.reason is None:
-            self.reason = "its output is gone (the pipe's reader or the terminal)"
+        """Progress found stdout dead (any thread): stop as for a signal. A signal sent to the
+        whole job kills the pipe's reader too, and the output watcher can see the dead pipe
+        before the main thread runs that signal's handler (seen in CI: a SIGTERM logged as a
+        dead output), so a signal arriving within OUTPUT_GRACE_S names the stop instead."""
+        deadline = time.monotonic() + OUTPUT_GRACE_S
+        while self.reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # on the main thread, a pending signal's handler raises DemoStop here
+        if self.reason is not None:  # a signal named the stop: its handler raised DemoStop
+            return
+        self.reason = "its output is gone (the pipe's reader or the terminal)"
         if not self.cleaning:
             signal.pthread_kill(self._main, signal.SIGTERM)
 

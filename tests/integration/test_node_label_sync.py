@@ -93,6 +93,16 @@ def _not_member(api, worker):
     return JSON_KEY not in labels and MARKER_KEY not in labels
 
 
+def _watching(server, api, kube) -> bool:
+    """The sync is watching now: its newest request is a watch still open and it reports no
+    error. (An older watch record can still read as open while the sync backs off after an
+    error and will relist: an expiry then would reach it through that list, not a 410.)"""
+    latest = [r for r in kube.requests if r["path"] == "/api/v1/nodes"]
+    watch = _sync(server, api)["watch"]
+    return bool(latest) and latest[-1]["watch"] and bool(latest[-1].get("open")) \
+        and watch["last_error"] is None and not watch.get("retry_in_s")
+
+
 def _laptop_untouched(api, workers):
     laptop = _labels(api, workers[LAPTOP])  # no node of that name: hand-set label, no marker
     assert laptop[JSON_KEY] == JSON_VALUE and MARKER_KEY not in laptop
@@ -141,13 +151,14 @@ def test_a_watch_expiry_relists(stack, kube):
     # through a relist after the resumed watch's 410 (an ERROR event in the stream).
     # Expire while a watch is open (not between a relist and the next watch, where the next
     # watch would start from the fresh resourceVersion and never see a 410).
-    wait_for(lambda: kube.watchers() >= 1, 30, "an open watch")
+    wait_for(lambda: _watching(server, api, kube), 30, "the sync's latest watch open")
+    seen = len(kube.requests)
     kube.expire()
     kube.set_node(NODE, PLAIN)
     wait_for(lambda: _not_member(api, workers[NODE]), 30, f"{NODE} out of the pool after the 410")
-    assert [r for r in kube.requests if r.get("gone") == "event"]
+    assert [r for r in kube.requests if r.get("gone") == "event"], (kube.requests[seen - 2:], _sync(server, api))
     # The same with the 410 as the HTTP status of the watch request; then the node is deleted.
-    wait_for(lambda: kube.watchers() >= 1, 30, "an open watch")
+    wait_for(lambda: _watching(server, api, kube), 30, "the sync's latest watch open")
     kube.expire(gone_as_http=True)
     kube.set_node(NODE, POOL)
     wait_for(lambda: _pool_member(api, workers[NODE]), 30, f"{NODE} back in the pool after the HTTP 410")

@@ -35,3 +35,42 @@ def test_the_benchmark_line_carries_the_bench_figures():
     assert line["requests"] == 3 and line["failed"] == 1 and line["format_errors"] == 1
     assert line["tok_per_s"] == 50.0 and line["acceptance_rate"] == 0.8 and line["tokens_per_forward"] == 3.5
     assert 0.5 <= line["p50_s"] <= line["p99_s"] <= 1.5
+
+
+def _stop_reason(signal_after_s):
+    """The main thread waits for a stop while another thread finds the output dead; a SIGTERM
+    (as a terminal sends the whole job, the pipe's reader included) follows after
+    `signal_after_s`, or never. Returns the stop's reason."""
+    import io
+    import os
+    import signal
+    import threading
+    import time
+
+    from gpustack_dspark.devstack.demo import DemoStop, Stopper
+    from gpustack_dspark.devstack.progress import Progress
+
+    stopper = Stopper(Progress(stream=io.StringIO()))
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    stopper.install()
+    try:
+        threading.Thread(target=stopper.output_died, daemon=True).start()
+        with pytest.raises(DemoStop):
+            if signal_after_s is not None:
+                time.sleep(signal_after_s)
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        return stopper.reason
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_a_signal_that_also_killed_the_reader_names_the_stop():
+    # Seen in CI: the output watcher saw the dead pipe before the main thread ran the SIGTERM
+    # handler, and the stop was logged as a dead output.
+    assert _stop_reason(0.1) == "SIGTERM"
+
+
+def test_a_dead_output_without_a_signal_stops_the_demo_after_the_grace():
+    assert _stop_reason(None) == "its output is gone (the pipe's reader or the terminal)"
