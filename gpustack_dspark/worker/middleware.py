@@ -194,7 +194,8 @@ class DSparkMiddleware:
 
         forced = grammar_tool_schemas(body)
         every_tool = ((state.plan.tool_calls or {}).get("strict") or {}).get("tools") == "all"
-        strict = [t for t in strict_tool_schemas(body, every_tool) if t[1] not in {name for _, name, _ in forced}]
+        forced_names = {name for _, name, _ in forced}
+        strict = [t for t in strict_tool_schemas(body, every_tool) if t[1] not in forced_names]
         for where, _name, tool_schema in forced + strict:
             problem = await asyncio.get_running_loop().run_in_executor(None, schema_check.check_schema, tool_schema)
             if problem:
@@ -202,7 +203,7 @@ class DSparkMiddleware:
                 why = "tool_choice" if (where, _name, tool_schema) in forced else "a strict tool"
                 return await _send_json(send, 400, openai_error(
                     f"{where} is not usable as a grammar for {why}: {problem}", param="tools"))
-        strict_forced_tools(body, {name for _, name, _ in forced})
+        strict_forced_tools(body, forced_names)
 
         if schema is None and json_default.wants_json_object(body):
             schema = ANY_JSON
@@ -218,7 +219,7 @@ class DSparkMiddleware:
         if plan is None and schema is state.default_schema and schema is not None:
             plan = schema_check.EnginePlan("xgrammar", schema)
         narrowed = None
-        if violation and schema is not None:
+        if violation and violation.tool is None and schema is not None:
             # A reply that satisfies several branches of a oneOf: the branch it matched, closed.
             narrowed = await asyncio.get_running_loop().run_in_executor(
                 None, schema_check.narrowed_plan, schema, _first_content(reply), state.grammar_engines)
@@ -401,8 +402,20 @@ def _first_content(body: bytes) -> str:
         return ""
 
 
+class Violation(str):
+    """Why a reply breaks its checks, and where: `tool` names the tool call whose arguments
+    broke, None when the content broke the schema (only that is worth narrowing a oneOf for)."""
+    tool: Optional[str] = None
+
+    @classmethod
+    def of_tool(cls, problem: str, tool: str) -> "Violation":
+        out = cls(problem)
+        out.tool = tool
+        return out
+
+
 def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any],
-                     tools: Optional[Callable[[str, str], Optional[str]]] = None) -> Optional[str]:
+                     tools: Optional[Callable[[str, str], Optional[str]]] = None) -> Optional[Violation]:
     """Why a finished reply breaks `schema` or its tool calls break `tools` (`tool_check`);
     None when it validates, was cut by max_tokens, or there is nothing to check; each choice
     judged by `reply_check` (numbers exact)."""
@@ -422,14 +435,14 @@ def schema_violation(start: Dict[str, Any], body: bytes, schema: Optional[Any],
         if schema is not None and finish == "stop" and content is not None:
             problem = _problem(content, schema)
             if problem is not None:
-                return problem
+                return Violation(problem)
         for call in (message.get("tool_calls") or []) if tools is not None else []:
             function = call.get("function") if isinstance(call, dict) else None
             arguments = function.get("arguments") or "" if isinstance(function, dict) else ""
             if isinstance(function, dict) and (finish != "length" or stream_check.complete_json(arguments)):
                 problem = tools(str(function.get("name")), arguments)
                 if problem is not None:
-                    return problem
+                    return Violation.of_tool(problem, str(function.get("name")))
     return None
 
 

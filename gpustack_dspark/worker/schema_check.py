@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded, reply_check
 from gpustack_dspark.knobs import KnobError
-from gpustack_dspark.worker import request_limits
+from gpustack_dspark.worker import one_of, request_limits
 # The annotation the engine's manager reads (and removes) to pick llguidance for a request.
 from gpustack_dspark.worker.drafting.engines import MARK as ENGINE_MARK
 
@@ -509,12 +509,23 @@ def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional
 
 
 def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> EnginePlan:
-    """The first attempt. xgrammar when it supports and compiles the schema exactly; else
+    """The first attempt. A 400 when a `oneOf` leaves no document valid, and a `oneOf` with an
+    always-true branch planned as the negation of the others (`one_of`). Then xgrammar when it
+    supports and compiles the schema exactly; else
     llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed, then
     llguidance with patternProperties taken out (`_without_pattern_properties`)
     (every reply, streamed or not, is checked before its end is delivered: middleware.py,
     stream_check.py); else a 400 naming the first engine's reason."""
     dual = "llguidance" in engines
+    if isinstance(schema, dict) and not _shape_problem(schema):
+        impossible = one_of.unsatisfiable(schema)
+        if impossible:
+            return EnginePlan(problem=impossible)
+        rewritten, notes = one_of.rewrite(schema)
+        if notes:  # a oneOf with an always-true branch: the negation of the others
+            plan = plan_engine(rewritten, engines, relax)
+            if not plan.problem:
+                return replace(plan, dropped=list(plan.dropped) + notes)
     problem = check_schema(schema)
     if problem is None:
         return EnginePlan("xgrammar", schema, [])

@@ -140,6 +140,21 @@ def test_replies_that_break_the_schema_are_caught():
     assert schema_violation(*_reply("[1, 2]"), ANY_JSON) is None
     assert schema_violation(*_reply("hello"), ANY_JSON).startswith("not JSON")
     assert schema_violation(*_reply("hello"), None) is None
+    assert schema_violation(*_reply('{"version":"1.23"}'), pattern).tool is None  # the content broke
+
+
+def test_a_tool_call_violation_names_its_tool():
+    import json as _json
+
+    from gpustack_dspark.worker.middleware import schema_violation, tool_check
+
+    tools = [{"type": "function", "function": {"name": "lookup", "strict": True, "parameters": {
+        "type": "object", "properties": {"user_id": {"type": "integer"}}, "required": ["user_id"]}}}]
+    judge = tool_check({"tools": tools, "tool_choice": "auto"})
+    reply = _json.dumps({"choices": [{"finish_reason": "tool_calls", "message": {"content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "lookup", "arguments": '{"user_id": "x"}'}}]}}]}).encode()
+    violation = schema_violation({"status": 200}, reply, None, judge)
+    assert violation and violation.tool == "lookup", violation
 
 
 PRICE = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}

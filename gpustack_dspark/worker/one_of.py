@@ -1,0 +1,165 @@
+"""What a `oneOf` means when its branches are not exclusive by construction (pure).
+
+Both grammar engines serve `oneOf` as `anyOf` where they cannot prove the branches exclusive,
+and the reply check then withholds a reply that matched two branches. Two shapes of real
+schemas make that certain, whatever the model writes, and are decided here before any token:
+
+- `unsatisfiable`: branches that hold for every document the schema allows (a branch that only
+  requires keys the enclosing object already requires, or that asserts nothing): when two of
+  them hold at a place every document reaches, no document satisfies the schema. That is the
+  client's schema, so it is a 400 that says where, instead of a reply generated and withheld
+  (JSONSchemaBench has one: every key of three `required`-only branches required beside them).
+- `rewrite`: a `oneOf` with exactly one branch that asserts nothing (often a typo: `"#ref"` for
+  `"$ref"` leaves the branch empty) holds exactly when every other branch fails, so it is
+  served as the negation of the others, built (`negated`) where a sound one exists: the
+  grammar's language is inside the schema's, never outside; the reply check still validates
+  against the original schema.
+"""
+
+import copy
+from typing import Any, Dict, List, Optional, Tuple
+
+# Keywords that assert nothing about an instance (draft 4 to 2020-12).
+ANNOTATIONS = frozenset({
+    "title", "description", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly",
+    "$id", "id", "$schema", "$anchor", "$dynamicAnchor", "$vocabulary", "definitions", "$defs",
+    "contentMediaType", "contentSchema",
+})
+# Keywords that do (an unknown keyword asserts nothing: JSON Schema ignores it).
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+    "items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains", "minItems",
+    "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format", "contentEncoding",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
+    "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames",
+    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
+    "unevaluatedProperties", "unevaluatedItems",
+})
+TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+def asserts_nothing(branch: Any) -> bool:
+    """True for a schema every instance satisfies: `true`, `{}`, or only annotations and
+    keywords JSON Schema does not know."""
+    return branch is True or (isinstance(branch, dict) and not (set(branch) & ASSERTIONS))
+
+
+def _implied(branch: Any, node: Dict[str, Any]) -> bool:
+    """The branch holds for every instance `node` allows: it asserts nothing, or it only
+    requires keys `node` requires too."""
+    if asserts_nothing(branch):
+        return True
+    if not isinstance(branch, dict) or set(branch) & ASSERTIONS != {"required"}:
+        return False
+    required, outer = branch.get("required"), node.get("required")
+    return isinstance(required, list) and isinstance(outer, list) and set(map(str, required)) <= set(map(str, outer))
+
+
+def _resolve(root: Any, ref: Any) -> Any:
+    """A local `$ref` ("#/definitions/X"), or None."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def unsatisfiable(schema: Any) -> Optional[str]:
+    """Why no document satisfies `schema` because of a `oneOf` (see the module docstring), or
+    None. Walks only the places every document reaches: the root, `allOf` members, local
+    `$ref`s and required properties."""
+    seen = set()
+
+    def walk(node: Any, where: str) -> Optional[str]:
+        if not isinstance(node, dict) or id(node) in seen:
+            return None
+        seen.add(id(node))
+        branches = node.get("oneOf")
+        if isinstance(branches, list):
+            held = [i for i, branch in enumerate(branches) if _implied(branch, node)]
+            if len(held) >= 2:
+                return (f"no document satisfies the schema: at {where}, oneOf branches "
+                        f"{', '.join(map(str, held))} hold for every value the schema allows there "
+                        "(they only require keys that are required anyway, or assert nothing), and "
+                        "oneOf allows exactly one")
+        for member in node.get("allOf") or [] if isinstance(node.get("allOf"), list) else []:
+            found = walk(member, where)
+            if found:
+                return found
+        target = _resolve(schema, node.get("$ref"))
+        if target is not None:
+            found = walk(target, where)
+            if found:
+                return found
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        for key in node.get("required") or [] if isinstance(node.get("required"), list) else []:
+            if key in properties:
+                found = walk(properties[key], key if where == "(root)" else f"{where}.{key}")
+                if found:
+                    return found
+        return None
+
+    return walk(schema, "(root)")
+
+
+def negated(schema: Any) -> Optional[Any]:
+    """A schema whose every instance fails `schema` (a sound part of `not schema`), or None
+    where none is built: another type than `type` allows; or, for a schema of `properties`
+    only, an object with one of those properties present and failing its subschema."""
+    if schema is False:
+        return {}
+    if not isinstance(schema, dict):
+        return None
+    asserted = set(schema) & ASSERTIONS
+    if "type" in asserted:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not all(isinstance(t, str) for t in types):
+            return None
+        banned = set(types) | ({"integer"} if "number" in types else set()) | ({"number"} if "integer" in types else set())
+        others = [t for t in TYPES if t not in banned]
+        return {"type": others if len(others) > 1 else others[0]} if others else None
+    if asserted == {"properties"} and isinstance(schema["properties"], dict):
+        for key, sub in schema["properties"].items():
+            failing = negated(sub)
+            if failing is not None:
+                return {"type": "object", "required": [key], "properties": {key: failing}}
+    return None
+
+
+def rewrite(schema: Any) -> Tuple[Any, List[str]]:
+    """`schema` with each `oneOf` that has exactly one branch asserting nothing served as the
+    negation of its other branches (`allOf` of `negated`), where every one has a negation;
+    with what was rewritten (where), empty when nothing was. Never under `not` (a narrower
+    schema there would be a wider one outside)."""
+    notes: List[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}/{i}")
+            return
+        if not isinstance(node, dict):
+            return
+        branches = node.get("oneOf")
+        if isinstance(branches, list) and len(branches) >= 2:
+            empty = [i for i, branch in enumerate(branches) if asserts_nothing(branch)]
+            if len(empty) == 1:
+                negations = [negated(branch) for i, branch in enumerate(branches) if i != empty[0]]
+                if all(n is not None for n in negations):
+                    del node["oneOf"]
+                    node["allOf"] = list(node.get("allOf") or []) + negations
+                    notes.append(f"oneOf at {where or '/'} with an always-true branch as the negation of the others")
+        for key, value in node.items():
+            if key not in ("not", "enum", "const", "examples", "default"):
+                walk(value, f"{where}/{key}")
+
+    out = copy.deepcopy(schema)
+    walk(out, "")
+    return (out, notes) if notes else (schema, [])
