@@ -267,3 +267,25 @@ def test_non_streamed_tool_calls_are_judged_when_constrained():
     assert schema_violation(*reply('{"user_id": 3}'), None, judge) is None
     assert "arguments of the call to lookup: at user_id" in schema_violation(*reply('{"user_id": 0}'), None, judge)
     assert schema_violation(*reply('{"user_id": 0}'), None, None) is None  # nothing constrains it: not judged
+
+
+def test_a_schema_no_document_satisfies_is_a_400_before_vllm_is_asked(monkeypatch):
+    from gpustack_dspark.knobs import DSparkKnobs
+    from gpustack_dspark.translate import LaunchPlan
+    from gpustack_dspark.worker import state as worker_state
+    from gpustack_dspark.worker.middleware import DSparkMiddleware
+    from tests.unit.test_one_of import AREA
+
+    asked = []
+
+    async def vllm(scope, receive, send):
+        asked.append(scope)
+
+    state = worker_state.WorkerState(plan=LaunchPlan(vllm_argv=[], enabled=True, grammar_mode="json"),
+                                     knobs=DSparkKnobs(), default_schema=PRICE)
+    monkeypatch.setattr(worker_state, "_current", state)
+    body = {**MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "area", "schema": AREA}}}
+    status, answer = _completion(DSparkMiddleware(vllm), body)
+    assert status == 400 and answer["error"]["param"] == "response_format", answer
+    assert "no document satisfies the schema: at dimensions" in answer["error"]["message"]
+    assert not asked and state.counters["rejected"] == 1
