@@ -1,9 +1,11 @@
 """Benchmark: DSpark drafting variants side by side, in one run, on real vLLM (CPU).
 
-    .venv/bin/python -m tests.bench.drafting [--requests 48] [--concurrency 8] [--model expanded]
+    .venv/bin/python -m tests.bench.drafting [--requests 48] [--concurrency 8] [--model expanded] [--rounds 3]
 
 One replica per variant (identical vLLM settings and speculative length), started one after
-the other; each serves two workloads: order JSON (the schema of tests/bench/order_json.py) and a
+the other; with `--rounds N` all of them are up at once and each round runs every variant back
+to back, the ratio to no speculation taken per round (paired: on this shared 2-core machine
+the no-speculation arm alone moved 18 % between two sequential runs). Each serves two workloads: order JSON (the schema of tests/bench/order_json.py) and a
 fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
 tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
@@ -116,16 +118,35 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             "failed": len(stats.results) - len(stats.ok)}
 
 
+def combined(rounds: List[Dict[str, float]], base_rounds: List[Dict[str, float]]) -> Dict[str, float]:
+    """One variant's figures over its rounds: means (counts summed), and its throughput ratio to
+    the first variant as the geometric mean of the per-round ratios (each round's arms ran
+    back to back, so a ratio within one round is free of the machine's drift between rounds),
+    with the lowest and highest round's ratio."""
+    out: Dict[str, float] = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds]
+        out[key] = sum(values) if key in ("format_errors", "truncated", "failed") else sum(values) / len(values)
+    ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(rounds, base_rounds) if b["tok_s"]]
+    if ratios:
+        out["ratio"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out["ratio_min"], out["ratio_max"] = min(ratios), max(ratios)
+    return out
+
+
 def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     base = rows[0][1]["tok_s"] if rows else math.nan
+    spread = any("ratio_min" in f and f["ratio_min"] != f["ratio_max"] for _, f in rows)
     print(f"\n{workload}")
-    print(f"{'variant':40}{'tok/s':>9}{'x none':>8}{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}"
-          f"{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
+    print(f"{'variant':40}{'tok/s':>9}{'x none':>8}" + (f"{'rounds':>13}" if spread else "")
+          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
     for name, f in rows:
-        ratio = f["tok_s"] / base if base else math.nan
+        ratio = f.get("ratio", f["tok_s"] / base if base else math.nan)
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
         forced = "-" if math.isnan(f.get("forced_acceptance", math.nan)) else f"{f['forced_acceptance']:.3f}"
-        print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}"
+        rounds = f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}" if spread and "ratio_min" in f else ""
+        print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}" + (f"{rounds:>13}" if spread else "")
+              + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}"
               f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
 
 
@@ -139,6 +160,9 @@ def main(argv=None) -> None:
     parser.add_argument("--length", type=int, default=8, help="speculative length of every variant")
     parser.add_argument("--sweep", default="0.5,0.7,0.9", help="extra thresholds for forced + statistical")
     parser.add_argument("--only", default="", help="comma-separated variant numbers to run (1-based)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with more than 1: every variant's replica up at once, each round running every "
+                             "variant back to back; ratios are per-round (paired) geometric means")
     add_model_argument(parser)
     args = parser.parse_args(argv)
     model, model_args = resolve(args.model)
@@ -160,23 +184,60 @@ def main(argv=None) -> None:
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
                                                               for w in workloads}
-    for number, (name, knobs) in enumerate(chosen, 1):
-        replica = start_replica(logs / f"variant-{number}.log",
-                                knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"], model=model)
+
+    def run_arm(number: int, name: str, replica, level: int, workload: str, tag: str = "") -> Dict[str, float]:
+        bodies, schema = workloads[workload]
+        if name == LLGUIDANCE_VARIANT:
+            bodies = on_llguidance(bodies)
+        figures = measure(replica.base_url, bodies, schema, level)
+        print(f"[{number}/{len(chosen)}{tag}] {name} / {workload} / c={level}: "
+              f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
+        return figures
+
+    if args.rounds <= 1:
+        for number, (name, knobs) in enumerate(chosen, 1):
+            replica = start_replica(logs / f"variant-{number}.log",
+                                    knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"], model=model)
+            try:
+                replica.wait_ready(600)
+                for level in levels:
+                    for workload in workloads:
+                        results[f"{workload}, concurrency {level}"].append(
+                            (name, run_arm(number, name, replica, level, workload)))
+            finally:
+                replica.stop()
+    else:
+        # Every variant's replica up at once; each round runs every variant back to back (in
+        # an order that rotates), so drift of the machine between rounds cancels in the ratios.
+        replicas = []
         try:
-            replica.wait_ready(600)
+            for number, (name, knobs) in enumerate(chosen, 1):
+                replicas.append(start_replica(logs / f"variant-{number}.log",
+                                              knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"],
+                                              model=model))
+            for replica in replicas:
+                replica.wait_ready(600)
+            per_round: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
+            for r in range(args.rounds):
+                for level in levels:
+                    for workload in workloads:
+                        order = list(range(len(chosen)))
+                        order = order[r % len(order):] + order[:r % len(order)]
+                        for i in order:
+                            figures = run_arm(i + 1, chosen[i][0], replicas[i], level, workload,
+                                              f", round {r + 1}/{args.rounds}")
+                            per_round.setdefault((workload, level, chosen[i][0]), []).append(figures)
             for level in levels:
-                for workload, (bodies, schema) in workloads.items():
-                    if name == LLGUIDANCE_VARIANT:
-                        bodies = on_llguidance(bodies)
-                    figures = measure(replica.base_url, bodies, schema, level)
-                    results[f"{workload}, concurrency {level}"].append((name, figures))
-                    print(f"[{number}/{len(chosen)}] {name} / {workload} / c={level}: "
-                          f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
+                for workload in workloads:
+                    base = per_round[(workload, level, chosen[0][0])]
+                    results[f"{workload}, concurrency {level}"] = [
+                        (name, combined(per_round[(workload, level, name)], base)) for name, _ in chosen]
         finally:
-            replica.stop()
+            for replica in replicas:
+                replica.stop()
     print(f"{args.requests} requests per workload, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
           f"temperature {args.temperature}, top_p {args.top_p or 'unset'}, speculative length {args.length}; model {model.name}; "
+          f"{args.rounds} round(s); "
           "real vLLM 0.32 on this CPU")
     for workload, rows in results.items():
         report(workload, rows)
