@@ -129,6 +129,13 @@ def print_tables(out: Dict[str, List[Dict[str, Any]]]) -> None:
         statuses = collections.Counter(r.get("status") for r in out[name] if r["class"] == "refused")
         print(f"{name}: served-and-valid + cut = {100 * (total['valid'] + total['cut']) / n:.1f}% of {n}; "
               f"invalid delivered = {total['invalid']}; refusal statuses {dict(statuses)}")
+        # The replica's own verdict that no document satisfies a schema (worker/one_of.py): listed,
+        # so each can be checked by hand, and the share served among the others beside it.
+        impossible = [r["path"] for r in out[name] if "no document satisfies" in r["detail"]]
+        if impossible:
+            print(f"    refused as unsatisfiable: {', '.join(Path(p).parent.name + '/' + Path(p).stem for p in impossible)}; "
+                  f"served among the other {n - len(impossible)}: "
+                  f"{100 * (total['valid'] + total['cut']) / max(1, n - len(impossible)):.1f}%")
         reasons = collections.Counter(r["detail"][:90] for r in out[name] if r["class"] in ("refused", "withheld"))
         for reason, count in reasons.most_common(6):
             print(f"    {count:4d}  {reason}")
