@@ -71,6 +71,12 @@ def _resolve(root: Any, ref: Any) -> Any:
     return node
 
 
+def _ref_hides_siblings(root: Any) -> bool:
+    """Drafts 4 to 7 ignore every keyword beside a `$ref`."""
+    draft = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(draft, str) and any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
+
+
 def unsatisfiable(schema: Any) -> Optional[str]:
     """Why no document satisfies `schema` because of a `oneOf` (see the module docstring), or
     None. Walks only the places every document reaches: the root, `allOf` members, local
@@ -81,6 +87,9 @@ def unsatisfiable(schema: Any) -> Optional[str]:
         if not isinstance(node, dict) or id(node) in seen:
             return None
         seen.add(id(node))
+        target = _resolve(schema, node.get("$ref"))
+        if target is not None and _ref_hides_siblings(schema):
+            return walk(target, where)
         branches = node.get("oneOf")
         if isinstance(branches, list):
             held = [i for i, branch in enumerate(branches) if _implied(branch, node)]
@@ -93,12 +102,14 @@ def unsatisfiable(schema: Any) -> Optional[str]:
             found = walk(member, where)
             if found:
                 return found
-        target = _resolve(schema, node.get("$ref"))
         if target is not None:
             found = walk(target, where)
             if found:
                 return found
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        # A required property is reached only when the value must be an object (a value of
+        # another type satisfies `required` and `properties` without having it).
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) \
+            and node.get("type") in ("object", ["object"]) else {}
         for key in node.get("required") or [] if isinstance(node.get("required"), list) else []:
             if key in properties:
                 found = walk(properties[key], key if where == "(root)" else f"{where}.{key}")

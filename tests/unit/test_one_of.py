@@ -36,6 +36,11 @@ def test_branches_that_always_hold_together_make_the_schema_unsatisfiable():
     {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
     {"anyOf": [{}, {}]},
     {"not": {"oneOf": [{}, {}]}},  # under not: satisfiable
+    # no type: a number satisfies required/properties without having x
+    {"required": ["x"], "properties": {"x": {"oneOf": [{}, {}]}}},
+    # draft-07 ignores a oneOf beside a $ref
+    {"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
+     "oneOf": [{}, {}], "definitions": {"a": {"type": "string"}}},
 ])
 def test_satisfiable_schemas_are_not_refused(schema):
     assert one_of.unsatisfiable(schema) is None
