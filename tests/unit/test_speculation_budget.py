@@ -262,6 +262,73 @@ def test_while_off_drafts_are_built_only_on_probe_steps():
     assert built == [0, 0, 0, 0, 4, 0, 0, 0, 0, 4]
 
 
+# --- the realized rates: what the time model cannot see ---------------------------------------
+
+def run_delivered(concurrency, steps, verify_cost, seed=0, budget=None):
+    """The simulated replica at a steady load, every step fed through `observe_step` with the
+    output tokens it delivered. A step that verifies any draft costs `verify_cost` seconds on
+    top of A + B * tokens: a fixed cost the one-line time model folds into every step.
+    Returns (output tokens per simulated second, share of steps that verified drafts)."""
+    replica = SimulatedReplica(seed)
+    budget = budget or SpeculationBudget(BudgetConfig(max_length=8, hysteresis=0.03))
+    delivered = seconds = verifying = 0.0
+    for _ in range(steps):
+        build = budget.build_length()
+        drafts = [replica.draft() for _ in range(concurrency)] if build else []
+        drafts = [(k[:build], c[:build]) for k, c in drafts]
+        decision = budget.step(drafts, base_tokens=concurrency, base_output=concurrency, slot_cap=2048) \
+            if drafts else None
+        lengths = decision.lengths if decision else []
+        out = concurrency
+        for (kinds, confs), length in zip(drafts, lengths):
+            accepted = replica.verify(kinds, length)
+            budget.acceptance.observe(kinds, confs, length, accepted)
+            out += accepted
+        kept = sum(lengths)
+        t = replica.step_time(concurrency + kept) + (verify_cost if kept else 0.0)
+        budget.observe_step(concurrency + kept, t, out)
+        delivered, seconds, verifying = delivered + out, seconds + t, verifying + bool(kept)
+    return delivered / seconds, verifying / steps
+
+
+def test_a_verifying_steps_own_cost_turns_speculation_off_by_what_it_delivers():
+    # 20 ms more per verifying step: the time model still sees forced tokens paying, but
+    # eight requests get more done without drafts. The blocks without drafts win.
+    rate, on_share = run_delivered(8, 3000, verify_cost=0.02)
+    never, _ = run_delivered(8, 3000, verify_cost=0.02, budget=_never_on())
+    assert on_share < 0.2, on_share
+    assert rate >= 0.95 * never, (rate, never)
+
+
+def test_where_drafts_pay_the_blocks_without_them_cost_little():
+    rate, on_share = run_delivered(1, 3000, verify_cost=0.0)
+    model_only = SpeculationBudget(BudgetConfig(max_length=8, hysteresis=0.03))
+    model_only.realized.observe = lambda tokens, seconds: None  # never leaves the first arm
+    baseline, _ = run_delivered(1, 3000, verify_cost=0.0, budget=model_only)
+    assert on_share > 0.9, on_share
+    assert rate >= 0.97 * baseline, (rate, baseline)
+
+
+def _never_on():
+    budget = SpeculationBudget(BudgetConfig(max_length=8))
+    budget.build_length = lambda: 0
+    return budget
+
+
+def test_the_realized_arms_alternate_in_blocks_and_prefer_the_better_one():
+    from gpustack_dspark.worker.drafting.budget import RealizedRates
+
+    rates = RealizedRates(block_steps=2, explore_close=0.2, explore_far=0.1, margin=0.03)
+    arms = []
+    for _ in range(80):
+        arms.append(rates.arm)
+        assert rates.next_arm() in ("on", "off")
+        rates.observe(10 if rates.arm == "on" else 30, 1.0)  # off delivers 3x
+    assert arms[:2] == ["on", "on"] and "off" in arms
+    assert rates.preferred() == "off" and arms[-40:].count("off") >= 30 and "on" in arms[-40:]
+    assert rates.snapshot()["tok_s"] == {"on": 10.0, "off": 30.0}
+
+
 def test_snapshot_is_plain_data():
     trace, budget = run_trace([(2, 30)])
     snap = budget.snapshot()

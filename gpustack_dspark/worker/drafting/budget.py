@@ -195,6 +195,88 @@ def _lengths(survivals: Sequence[Sequence[float]], chosen: Sequence[float]) -> L
     return lengths
 
 
+class RealizedRates:
+    """Speculation on or off, judged by what each delivered rather than by the time model.
+
+    The time model prices a token of verification (b) but not what a verifying step costs on
+    its own (rejection sampling, grammar bitmasks for the draft positions, the layer): on the
+    3 M-parameter fixture at concurrency 8 and temperature > 0 that is what makes two tokens
+    per pass slower than one, and the model, which fits every step with one line, cannot see
+    it (two richer models were tried: docs/drafting.md). So the steps run in blocks of
+    `block_steps`, each block either `on` (the model's decision) or `off` (no drafts built or
+    verified), and each arm keeps its delivered output tokens per second of step time,
+    decayed per block. The next block runs the arm that delivered more (`off` only when it
+    beat `on` by `margin`), except that the other arm runs whenever its share of the recent
+    step time has fallen below `explore_close` (the two rates within `close_ratio` of each
+    other) or `explore_far` (further apart): exploring costs at most that share of the gap,
+    and both figures stay current as load and acceptance change. Under a steady load the
+    blocks alternate within seconds, so both arms see the same load."""
+
+    ARMS = ("on", "off")
+
+    def __init__(self, block_steps: int = 16, explore_close: float = 0.10, explore_far: float = 0.03,
+                 close_ratio: float = 1.25, margin: float = 0.03, forgetting: float = 0.8,
+                 time_forgetting: float = 0.98) -> None:
+        self.block_steps, self.margin, self.forgetting = block_steps, margin, forgetting
+        self.explore_close, self.explore_far, self.close_ratio = explore_close, explore_far, close_ratio
+        self.time_forgetting = time_forgetting
+        self.tokens = {arm: 0.0 for arm in self.ARMS}
+        self.seconds = {arm: 0.0 for arm in self.ARMS}
+        self.spent = {arm: 0.0 for arm in self.ARMS}  # step time per arm, decayed per block
+        self.blocks = {arm: 0 for arm in self.ARMS}
+        self.arm = "on"
+        self._left = block_steps
+        self._block_tokens = self._block_seconds = 0.0
+
+    def rate(self, arm: str) -> Optional[float]:
+        return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else None
+
+    def preferred(self) -> str:
+        on, off = self.rate("on"), self.rate("off")
+        return "off" if on is not None and off is not None and off > on * (1.0 + self.margin) else "on"
+
+    def explore_share(self) -> float:
+        """The least share of recent step time the arm not preferred gets."""
+        on, off = self.rate("on"), self.rate("off")
+        if on is None or off is None or max(on, off) < min(on, off) * self.close_ratio:
+            return self.explore_close
+        return self.explore_far
+
+    def next_arm(self) -> str:
+        """The arm of the step after the current one (the drafts for it are built now)."""
+        return self.arm if self._left > 1 else self._following()
+
+    def _following(self) -> str:
+        preferred = self.preferred()
+        other = "off" if preferred == "on" else "on"
+        total = self.spent["on"] + self.spent["off"]
+        return other if total > 0 and self.spent[other] < self.explore_share() * total else preferred
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One finished step of the current arm: output tokens delivered, its step time."""
+        if seconds > 0.0 and math.isfinite(seconds):
+            self._block_tokens += max(tokens, 0)
+            self._block_seconds += seconds
+        self._left -= 1
+        if self._left > 0:
+            return
+        if self._block_seconds > 0.0:
+            f = self.forgetting
+            self.tokens[self.arm] = self.tokens[self.arm] * f + self._block_tokens
+            self.seconds[self.arm] = self.seconds[self.arm] * f + self._block_seconds
+            for arm in self.ARMS:
+                self.spent[arm] *= self.time_forgetting
+            self.spent[self.arm] += self._block_seconds
+            self.blocks[self.arm] += 1
+        self.arm = self._following()
+        self._left = self.block_steps
+        self._block_tokens = self._block_seconds = 0.0
+
+    def snapshot(self) -> Dict[str, object]:
+        return {"arm": self.arm, "preferred": self.preferred(), "blocks": dict(self.blocks),
+                "tok_s": {arm: None if self.rate(arm) is None else round(self.rate(arm), 1) for arm in self.ARMS}}
+
+
 @dataclass
 class BudgetCounters:
     steps: int = 0
@@ -219,6 +301,7 @@ class SpeculationBudget:
         self.last: Optional[Decision] = None
         self.last_kept = 0
         self._since_probe = 0
+        self.realized = RealizedRates()
 
     def model(self) -> Optional[Tuple[float, float]]:
         return self.time.fit() if self.time.steps >= self.config.min_steps else None
@@ -226,7 +309,9 @@ class SpeculationBudget:
     def build_length(self) -> int:
         """How long the layer should build drafts next step: all the way while speculation is
         on (or not decided yet); while off, only on a probe step, so the decision is revisited
-        without paying the drafting cost every step."""
+        without paying the drafting cost every step; none for a step of the realized `off` arm."""
+        if self.realized.next_arm() == "off":
+            return 0
         if self.last is None or self.cutoff is None or math.isfinite(self.cutoff):
             return self.config.max_length
         self._since_probe += 1
@@ -241,8 +326,15 @@ class SpeculationBudget:
         survivals = [self.acceptance.survival(kinds, confs)[: self.config.max_length]
                      for kinds, confs in drafts]
         offered = sum(len(s) for s in survivals)
-        decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
-                          self.config.hysteresis)
+        if self.realized.arm == "off":
+            on, off = self.realized.rate("on"), self.realized.rate("off")
+            decision = Decision([0] * len(survivals), math.inf, None, None, (
+                "off: a block without drafts (delivered "
+                + " vs ".join(f"{arm} {'-' if r is None else f'{r:.1f}'} tok/s" for arm, r in (("on", on), ("off", off)))
+                + ")"))
+        else:
+            decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
+                              self.config.hysteresis)
         c = self.counters
         c.steps += 1
         c.tokens_offered += offered
@@ -254,6 +346,15 @@ class SpeculationBudget:
             self.cutoff = decision.cutoff
         self.last, self.last_kept = decision, kept
         return decision
+
+    def observe_step(self, tokens: int, seconds: float, delivered: int) -> None:
+        """One finished engine step: `tokens` it computed (the time model's x), its time, and
+        the output tokens it delivered (the realized rates). Steps of the `off` arm stay out
+        of the time model: their spread in token counts would put a verifying step's own cost
+        into the slope, and the model would then trim drafts that pay."""
+        if self.realized.arm == "on":
+            self.time.observe(tokens, seconds)
+        self.realized.observe(delivered, seconds)
 
     def snapshot(self) -> Dict[str, object]:
         model = self.time.fit()
@@ -268,5 +369,6 @@ class SpeculationBudget:
             "last_step_draft_tokens": self.last_kept,
             "last_reason": last.reason if last else None,
             "acceptance_per_position": self.acceptance.per_position(),
+            "realized": self.realized.snapshot(),
             "counters": dict(vars(self.counters)),
         }

@@ -69,7 +69,7 @@ class BudgetGlue:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._pending: Optional[Tuple[int, float, float]] = None
+        self._pending: Optional[Tuple[int, float, float, int]] = None
 
     def build_length(self) -> int:
         return self.budget.build_length()
@@ -101,9 +101,10 @@ class BudgetGlue:
     def after_schedule(self, scheduler_output) -> None:
         self._tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
 
-    def after_update(self) -> None:
+    def after_update(self, delivered: int = 0) -> None:
+        """The step's update_from_output is done; `delivered`: output tokens it produced."""
         if self._t0 is not None:
-            self._pending = (self._tokens, self._t0, time.perf_counter())
+            self._pending = (self._tokens, self._t0, time.perf_counter(), delivered)
             self._t0 = None
 
     def after_drafts(self) -> None:
@@ -114,8 +115,8 @@ class BudgetGlue:
         end of its update_from_output."""
         if self._pending is None:
             return
-        tokens, t0, updated = self._pending
-        self.budget.time.observe(tokens, (end if end is not None else updated) - t0)
+        tokens, t0, updated, delivered = self._pending
+        self.budget.observe_step(tokens, (end if end is not None else updated) - t0, delivered)
         self._pending = None
 
     def sync(self, counters) -> None:
