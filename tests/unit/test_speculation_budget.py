@@ -489,3 +489,21 @@ def test_on_the_benchmark_models_step_times_drafts_are_long_alone_and_short_in_a
     alone, crowd = run_on_expanded(1, "text"), run_on_expanded(16, "text")
     assert sum(alone) / len(alone) >= 3 > 1.5 >= sum(crowd) / len(crowd), (sum(alone) / len(alone), sum(crowd) / len(crowd))
     assert min(run_on_expanded(1, "json")) >= 7  # one JSON request: (nearly) the whole draft
+
+
+def test_one_slow_block_after_start_does_not_turn_speculation_off():
+    # Seen on a real replica: the first steps after start (warmup) made the first `on` block
+    # look 12x slower than it was, and a decayed average kept speculation off for minutes.
+    from gpustack_dspark.worker.drafting.budget import RealizedRates
+
+    rates = RealizedRates(block_steps=1)
+    first = True
+    arms = []
+    for _ in range(200):
+        arms.append(rates.arm)
+        if rates.arm == "on":
+            rates.observe(1 if first else 20, 1.0)
+            first = False
+        else:
+            rates.observe(10, 1.0)
+    assert rates.preferred() == "on" and arms[-100:].count("on") >= 90, arms[-100:]

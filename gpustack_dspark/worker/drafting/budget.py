@@ -204,24 +204,25 @@ class RealizedRates:
     per pass slower than one, and the model, which fits every step with one line, cannot see
     it (two richer models were tried: docs/drafting.md). So the steps run in blocks of
     `block_steps`, each block either `on` (the model's decision) or `off` (no drafts built or
-    verified), and each arm keeps its delivered output tokens per second of step time,
-    decayed per block. The next block runs the arm that delivered more (`off` only when it
+    verified), and each arm keeps its delivered output tokens per second of step time over its
+    last `window` blocks (the median: one slow block, such as the first steps after start,
+    does not decide). The next block runs the arm that delivered more (`off` only when it
     beat `on` by `margin`), except that the other arm runs whenever its share of the recent
     step time has fallen below `explore_close` (the two rates within `close_ratio` of each
-    other) or `explore_far` (further apart): exploring costs at most that share of the gap,
+    other) or `explore_far` (further apart) — after a start that runs `window` blocks of each:
+    exploring costs at most that share of the gap,
     and both figures stay current as load and acceptance change. Under a steady load the
     blocks alternate within seconds, so both arms see the same load."""
 
     ARMS = ("on", "off")
 
     def __init__(self, block_steps: int = 16, explore_close: float = 0.10, explore_far: float = 0.03,
-                 close_ratio: float = 1.25, margin: float = 0.03, forgetting: float = 0.8,
+                 close_ratio: float = 1.25, margin: float = 0.03, window: int = 5,
                  time_forgetting: float = 0.98) -> None:
-        self.block_steps, self.margin, self.forgetting = block_steps, margin, forgetting
+        self.block_steps, self.margin, self.window = block_steps, margin, window
         self.explore_close, self.explore_far, self.close_ratio = explore_close, explore_far, close_ratio
         self.time_forgetting = time_forgetting
-        self.tokens = {arm: 0.0 for arm in self.ARMS}
-        self.seconds = {arm: 0.0 for arm in self.ARMS}
+        self.recent: Dict[str, List[float]] = {arm: [] for arm in self.ARMS}  # last block rates
         self.spent = {arm: 0.0 for arm in self.ARMS}  # step time per arm, decayed per block
         self.blocks = {arm: 0 for arm in self.ARMS}
         self.arm = "on"
@@ -229,7 +230,11 @@ class RealizedRates:
         self._block_tokens = self._block_seconds = 0.0
 
     def rate(self, arm: str) -> Optional[float]:
-        return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else None
+        rates = sorted(self.recent[arm])
+        if not rates:
+            return None
+        mid = len(rates) // 2
+        return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
 
     def preferred(self) -> str:
         on, off = self.rate("on"), self.rate("off")
@@ -238,7 +243,8 @@ class RealizedRates:
     def explore_share(self) -> float:
         """The least share of recent step time the arm not preferred gets."""
         on, off = self.rate("on"), self.rate("off")
-        if on is None or off is None or max(on, off) < min(on, off) * self.close_ratio:
+        if on is None or off is None or min(len(r) for r in self.recent.values()) < self.window \
+                or max(on, off) < min(on, off) * self.close_ratio:
             return self.explore_close
         return self.explore_far
 
@@ -247,6 +253,9 @@ class RealizedRates:
         return self.arm if self._left > 1 else self._following()
 
     def _following(self) -> str:
+        counts = {arm: len(self.recent[arm]) for arm in self.ARMS}
+        if min(counts.values()) < self.window:  # first, `window` blocks of each, alternating
+            return "off" if counts["off"] < counts["on"] else "on"
         preferred = self.preferred()
         other = "off" if preferred == "on" else "on"
         total = self.spent["on"] + self.spent["off"]
@@ -261,9 +270,7 @@ class RealizedRates:
         if self._left > 0:
             return
         if self._block_seconds > 0.0:
-            f = self.forgetting
-            self.tokens[self.arm] = self.tokens[self.arm] * f + self._block_tokens
-            self.seconds[self.arm] = self.seconds[self.arm] * f + self._block_seconds
+            self.recent[self.arm] = (self.recent[self.arm] + [self._block_tokens / self._block_seconds])[-self.window:]
             for arm in self.ARMS:
                 self.spent[arm] *= self.time_forgetting
             self.spent[self.arm] += self._block_seconds
