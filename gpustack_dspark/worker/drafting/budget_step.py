@@ -69,7 +69,8 @@ class BudgetGlue:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._pending: Optional[Tuple[int, float, float, int]] = None
+        self._pending: Optional[Tuple[int, float, float, int, bool]] = None
+        self._decode_only = True
 
     def build_length(self) -> int:
         return self.budget.build_length()
@@ -81,6 +82,7 @@ class BudgetGlue:
         drafted = [r for r in running if r.spec_token_ids]
         decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
+        self._decode_only = base == decoding > 0
         if not drafted:
             return
         drafts = []
@@ -104,7 +106,7 @@ class BudgetGlue:
     def after_update(self, delivered: int = 0) -> None:
         """The step's update_from_output is done; `delivered`: output tokens it produced."""
         if self._t0 is not None:
-            self._pending = (self._tokens, self._t0, time.perf_counter(), delivered)
+            self._pending = (self._tokens, self._t0, time.perf_counter(), delivered, self._decode_only)
             self._t0 = None
 
     def after_drafts(self) -> None:
@@ -115,8 +117,9 @@ class BudgetGlue:
         end of its update_from_output."""
         if self._pending is None:
             return
-        tokens, t0, updated, delivered = self._pending
-        self.budget.observe_step(tokens, (end if end is not None else updated) - t0, delivered)
+        tokens, t0, updated, delivered, decode_only = self._pending
+        finished = end if end is not None else updated
+        self.budget.observe_step(tokens, finished - t0, delivered, finished, decode_only)
         self._pending = None
 
     def sync(self, counters) -> None:
