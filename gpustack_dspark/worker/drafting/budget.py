@@ -195,111 +195,6 @@ def _lengths(survivals: Sequence[Sequence[float]], chosen: Sequence[float]) -> L
     return lengths
 
 
-class RealizedRates:
-    """Speculation on or off, judged by what each delivered rather than by the time model.
-
-    The time model prices a token of verification (b) but not what a verifying step costs on
-    its own (rejection sampling, grammar bitmasks for the draft positions, the layer): on the
-    3 M-parameter fixture at concurrency 8 and temperature > 0 that is what makes two tokens
-    per pass slower than one, and the model, which fits every step with one line, cannot see
-    it (two richer models were tried: docs/drafting.md). So the steps run in blocks of
-    `block_steps`, each block either `on` (the model's decision) or `off` (no drafts built or
-    verified). Each arm's figure is the median of its delivered output tokens per second of
-    step time, over the steps that only decoded, in its last `window` blocks measured within `horizon_s` (one slow block does
-    not decide, and what was measured under another load — the replica's own warmup beside
-    other starting replicas — ages out). The next block runs:
-    - an arm with fewer than `fresh_blocks` blocks in the horizon (both: `on` first), so each
-      figure is current;
-    - else the other arm when its share of recent step time (decayed per block) is below
-      `explore_close` (the two figures within `close_ratio` of each other) or `explore_far`
-      (further apart): exploring costs at most about that share of the gap;
-    - else the arm that delivered more (`off` only when it beat `on` by `margin` over `window`
-      blocks of `on` so far).
-    Under a steady load the blocks alternate within seconds, so both arms see the same load."""
-
-    ARMS = ("on", "off")
-
-    def __init__(self, block_steps: int = 16, explore_close: float = 0.10, explore_far: float = 0.03,
-                 close_ratio: float = 1.25, margin: float = 0.03, window: int = 5, horizon_s: float = 20.0,
-                 fresh_blocks: int = 2, time_forgetting: float = 0.98) -> None:
-        self.block_steps, self.margin, self.window, self.horizon_s = block_steps, margin, window, horizon_s
-        self.explore_close, self.explore_far, self.close_ratio = explore_close, explore_far, close_ratio
-        self.fresh_blocks, self.time_forgetting = fresh_blocks, time_forgetting
-        self.recent: Dict[str, List[Tuple[float, float]]] = {arm: [] for arm in self.ARMS}  # (when, rate)
-        self.spent = {arm: 0.0 for arm in self.ARMS}  # step time per arm, decayed per block
-        self.blocks = {arm: 0 for arm in self.ARMS}
-        self.arm = "on"
-        self.now = 0.0
-        self._left = block_steps
-        self._block_tokens = self._block_seconds = 0.0
-
-    def _fresh(self, arm: str) -> List[float]:
-        return [rate for when, rate in self.recent[arm] if self.now - when <= self.horizon_s]
-
-    def rate(self, arm: str) -> Optional[float]:
-        rates = sorted(self._fresh(arm))
-        if not rates:
-            return None
-        mid = len(rates) // 2
-        return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
-
-    def preferred(self) -> str:
-        """`off` only on evidence: `window` blocks of `on` so far (the model's decision keeps the
-        benefit of the doubt: a verify step's first shapes are slow on CPU, where oneDNN builds
-        a kernel per new shape) and `off` better by `margin`."""
-        on, off = self.rate("on"), self.rate("off")
-        evidence = self.blocks["on"] >= self.window
-        return "off" if evidence and on is not None and off is not None and off > on * (1.0 + self.margin) else "on"
-
-    def explore_share(self) -> float:
-        """The least share of recent step time the arm not preferred gets."""
-        on, off = self.rate("on"), self.rate("off")
-        if on is None or off is None or max(on, off) < min(on, off) * self.close_ratio:
-            return self.explore_close
-        return self.explore_far
-
-    def next_arm(self) -> str:
-        """The arm of the step after the current one (the drafts for it are built now)."""
-        return self.arm if self._left > 1 else self._following()
-
-    def _following(self) -> str:
-        fresh = {arm: len(self._fresh(arm)) for arm in self.ARMS}
-        if min(fresh.values()) < self.fresh_blocks:
-            return "off" if fresh["off"] < fresh["on"] else "on"
-        preferred = self.preferred()
-        other = "off" if preferred == "on" else "on"
-        total = self.spent["on"] + self.spent["off"]
-        return other if total > 0 and self.spent[other] < self.explore_share() * total else preferred
-
-    def observe(self, tokens: int, seconds: float, now: Optional[float] = None, counted: bool = True) -> None:
-        """One finished step of the current arm: output tokens delivered, its step time, and
-        when it ended (seconds on a monotonic clock; default: the sum of step times so far).
-        `counted` False: the step advances the block but its figures stay out (a step that
-        computed prefill tokens: how many a block gets depends on when requests arrived, not
-        on the arm, and a prefill token costs time and delivers nothing)."""
-        if counted and seconds > 0.0 and math.isfinite(seconds):
-            self._block_tokens += max(tokens, 0)
-            self._block_seconds += seconds
-        self.now = now if now is not None else self.now + max(seconds, 0.0)
-        self._left -= 1
-        if self._left > 0:
-            return
-        if self._block_seconds > 0.0:
-            self.recent[self.arm] = (self.recent[self.arm]
-                                     + [(self.now, self._block_tokens / self._block_seconds)])[-self.window:]
-            for arm in self.ARMS:
-                self.spent[arm] *= self.time_forgetting
-            self.spent[self.arm] += self._block_seconds
-            self.blocks[self.arm] += 1
-        self.arm = self._following()
-        self._left = self.block_steps
-        self._block_tokens = self._block_seconds = 0.0
-
-    def snapshot(self) -> Dict[str, object]:
-        return {"arm": self.arm, "preferred": self.preferred(), "blocks": dict(self.blocks),
-                "tok_s": {arm: None if self.rate(arm) is None else round(self.rate(arm), 1) for arm in self.ARMS}}
-
-
 @dataclass
 class BudgetCounters:
     steps: int = 0
@@ -324,7 +219,6 @@ class SpeculationBudget:
         self.last: Optional[Decision] = None
         self.last_kept = 0
         self._since_probe = 0
-        self.realized = RealizedRates()
 
     def model(self) -> Optional[Tuple[float, float]]:
         return self.time.fit() if self.time.steps >= self.config.min_steps else None
@@ -332,9 +226,7 @@ class SpeculationBudget:
     def build_length(self) -> int:
         """How long the layer should build drafts next step: all the way while speculation is
         on (or not decided yet); while off, only on a probe step, so the decision is revisited
-        without paying the drafting cost every step; none for a step of the realized `off` arm."""
-        if self.realized.next_arm() == "off":
-            return 0
+        without paying the drafting cost every step."""
         if self.last is None or self.cutoff is None or math.isfinite(self.cutoff):
             return self.config.max_length
         self._since_probe += 1
@@ -349,15 +241,8 @@ class SpeculationBudget:
         survivals = [self.acceptance.survival(kinds, confs)[: self.config.max_length]
                      for kinds, confs in drafts]
         offered = sum(len(s) for s in survivals)
-        if self.realized.arm == "off":
-            on, off = self.realized.rate("on"), self.realized.rate("off")
-            decision = Decision([0] * len(survivals), math.inf, None, None, (
-                "off: a block without drafts (delivered "
-                + " vs ".join(f"{arm} {'-' if r is None else f'{r:.1f}'} tok/s" for arm, r in (("on", on), ("off", off)))
-                + ")"))
-        else:
-            decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
-                              self.config.hysteresis)
+        decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
+                          self.config.hysteresis)
         c = self.counters
         c.steps += 1
         c.tokens_offered += offered
@@ -369,17 +254,6 @@ class SpeculationBudget:
             self.cutoff = decision.cutoff
         self.last, self.last_kept = decision, kept
         return decision
-
-    def observe_step(self, tokens: int, seconds: float, delivered: int, now: Optional[float] = None,
-                     decode_only: bool = True) -> None:
-        """One finished engine step: `tokens` it computed (the time model's x), its time, the
-        output tokens it delivered, and whether it only decoded (the realized rates count only
-        those). Steps of the `off` arm stay out
-        of the time model: their spread in token counts would put a verifying step's own cost
-        into the slope, and the model would then trim drafts that pay."""
-        if self.realized.arm == "on":
-            self.time.observe(tokens, seconds)
-        self.realized.observe(delivered, seconds, now, counted=decode_only)
 
     def snapshot(self) -> Dict[str, object]:
         model = self.time.fit()
@@ -394,6 +268,5 @@ class SpeculationBudget:
             "last_step_draft_tokens": self.last_kept,
             "last_reason": last.reason if last else None,
             "acceptance_per_position": self.acceptance.per_position(),
-            "realized": self.realized.snapshot(),
             "counters": dict(vars(self.counters)),
         }

@@ -69,8 +69,7 @@ class BudgetGlue:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._pending: Optional[Tuple[int, float, float, int, bool]] = None
-        self._decode_only = True
+        self._pending: Optional[Tuple[int, float, float]] = None
 
     def build_length(self) -> int:
         return self.budget.build_length()
@@ -82,7 +81,6 @@ class BudgetGlue:
         drafted = [r for r in running if r.spec_token_ids]
         decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
-        self._decode_only = base == decoding > 0
         if not drafted:
             return
         drafts = []
@@ -103,10 +101,9 @@ class BudgetGlue:
     def after_schedule(self, scheduler_output) -> None:
         self._tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
 
-    def after_update(self, delivered: int = 0) -> None:
-        """The step's update_from_output is done; `delivered`: output tokens it produced."""
+    def after_update(self) -> None:
         if self._t0 is not None:
-            self._pending = (self._tokens, self._t0, time.perf_counter(), delivered, self._decode_only)
+            self._pending = (self._tokens, self._t0, time.perf_counter())
             self._t0 = None
 
     def after_drafts(self) -> None:
@@ -117,9 +114,8 @@ class BudgetGlue:
         end of its update_from_output."""
         if self._pending is None:
             return
-        tokens, t0, updated, delivered, decode_only = self._pending
-        finished = end if end is not None else updated
-        self.budget.observe_step(tokens, finished - t0, delivered, finished, decode_only)
+        tokens, t0, updated = self._pending
+        self.budget.time.observe(tokens, (end if end is not None else updated) - t0)
         self._pending = None
 
     def sync(self, counters) -> None:

@@ -319,18 +319,16 @@ def _scheduler_class():
             sampled = model_runner_output.sampled_token_ids
             index = model_runner_output.req_id_to_index
             scheduled = scheduler_output.scheduled_spec_decode_tokens
-            delivered = 0
             for req_id in scheduler_output.num_scheduled_tokens:
                 position = index.get(req_id)
                 generated = len(sampled[position]) if (sampled and position is not None) else 0
-                delivered += generated
                 self.dspark.record_verified(req_id, len(scheduled.get(req_id) or ()), generated)
             t1 = time.perf_counter()
             outputs = super().update_from_output(scheduler_output, model_runner_output)
             t2 = time.perf_counter()
             glue = self.dspark.budget
             if glue is not None:
-                glue.after_update(delivered)
+                glue.after_update()
                 glue.sync(self.dspark.counters)
             # Idle engines take no more steps: write the final figures now.
             self.dspark.writer.maybe_write(self.dspark.counters, force=not self.running,
