@@ -151,10 +151,10 @@ def rewrite(schema: Any) -> Tuple[Any, List[str]]:
     schema there would be a wider one outside)."""
     notes: List[str] = []
 
-    def walk(node: Any, where: str) -> None:
+    def walk(node: Any, where: str, apply: bool) -> None:
         if isinstance(node, list):
             for i, item in enumerate(node):
-                walk(item, f"{where}/{i}")
+                walk(item, f"{where}/{i}", apply)
             return
         if not isinstance(node, dict):
             return
@@ -164,13 +164,18 @@ def rewrite(schema: Any) -> Tuple[Any, List[str]]:
             if len(empty) == 1:
                 negations = [negated(branch) for i, branch in enumerate(branches) if i != empty[0]]
                 if all(n is not None for n in negations):
-                    del node["oneOf"]
-                    node["allOf"] = list(node.get("allOf") or []) + negations
                     notes.append(f"oneOf at {where or '/'} with an always-true branch as the negation of the others")
-        for key, value in node.items():
+                    if apply:
+                        del node["oneOf"]
+                        node["allOf"] = list(node.get("allOf") or []) + negations
+        for key, value in list(node.items()):
             if key not in ("not", "enum", "const", "examples", "default"):
-                walk(value, f"{where}/{key}")
+                walk(value, f"{where}/{key}", apply)
 
+    walk(schema, "", apply=False)  # most schemas have nothing to rewrite: no copy for them
+    if not notes:
+        return schema, []
+    notes.clear()
     out = copy.deepcopy(schema)
-    walk(out, "")
-    return (out, notes) if notes else (schema, [])
+    walk(out, "", apply=True)
+    return out, notes
