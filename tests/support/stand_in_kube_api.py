@@ -206,6 +206,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # This stand-in closes the connection when a watch ends (below), so it says so: without
+        # the header a client's pool may send its next request on the closing connection and
+        # get a reset, an error a real API server (which keeps the connection) never causes —
+        # seen as a relist that took a watch-expiry test's change past its 410.
+        self.send_header("Connection", "close")
         self.end_headers()
         record["open"] = True
         try:
