@@ -5,7 +5,8 @@
 One replica per variant (identical vLLM settings and speculative length), started one after
 the other; with `--rounds N` all of them are up at once and each round runs every variant back
 to back, the ratio to no speculation taken per round (paired: on this shared 2-core machine
-the no-speculation arm alone moved 18 % between two sequential runs). Each serves two workloads: order JSON (the schema of tests/bench/order_json.py) and a
+the no-speculation arm alone moved 18 % between two sequential runs). Each serves two
+workloads: order JSON (the schema of tests/bench/order_json.py) and a
 fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
 tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
