@@ -19,6 +19,8 @@ schemas make that certain, whatever the model writes, and are decided here befor
 import copy
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpustack_dspark.worker.request_limits import ref_target
+
 # Keywords that assert nothing about an instance (draft 4 to 2020-12).
 ANNOTATIONS = frozenset({
     "title", "description", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly",
@@ -55,22 +57,6 @@ def _implied(branch: Any, node: Dict[str, Any]) -> bool:
     return isinstance(required, list) and isinstance(outer, list) and set(map(str, required)) <= set(map(str, outer))
 
 
-def _resolve(root: Any, ref: Any) -> Any:
-    """A local `$ref` ("#/definitions/X"), or None."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _ref_hides_siblings(root: Any) -> bool:
     """Drafts 4 to 7 ignore every keyword beside a `$ref`."""
     draft = root.get("$schema") if isinstance(root, dict) else None
@@ -87,7 +73,7 @@ def unsatisfiable(schema: Any) -> Optional[str]:
         if not isinstance(node, dict) or id(node) in seen:
             return None
         seen.add(id(node))
-        target = _resolve(schema, node.get("$ref"))
+        target = ref_target(schema, node.get("$ref"))
         if target is not None and _ref_hides_siblings(schema):
             return walk(target, where)
         branches = node.get("oneOf")

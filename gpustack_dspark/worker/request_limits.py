@@ -132,6 +132,12 @@ def _at(root: Any, path: Tuple[Any, ...]) -> Any:
     return node
 
 
+def ref_target(root: Any, ref: Any) -> Any:
+    """The subschema a local `$ref` names, or None (not a string, remote, anchor, missing)."""
+    path = _resolve(root, ref) if isinstance(ref, str) else None
+    return None if path is None else _at(root, path)
+
+
 def ref_cycle(schema: Any) -> Optional[List[str]]:
     """A chain of same-value edges ($ref, allOf/anyOf/oneOf/not/if/then/else) from a schema back
     to itself, as JSON pointers; None when there is none."""

@@ -517,7 +517,10 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
     (every reply, streamed or not, is checked before its end is delivered: middleware.py,
     stream_check.py); else a 400 naming the first engine's reason."""
     dual = "llguidance" in engines
-    if isinstance(schema, dict) and not _shape_problem(schema):
+    problem = check_schema(schema)  # cached per schema; a shape problem (limits) comes first
+    if problem is not None and structural_problem(schema):  # no engine helps
+        return EnginePlan(problem=problem)
+    if isinstance(schema, dict):  # within the request limits: the walks below are bounded
         impossible = one_of.unsatisfiable(schema)
         if impossible:
             return EnginePlan(problem=impossible)
@@ -526,11 +529,8 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
             plan = plan_engine(rewritten, engines, relax)
             if not plan.problem:
                 return replace(plan, dropped=list(plan.dropped) + notes)
-    problem = check_schema(schema)
     if problem is None:
         return EnginePlan("xgrammar", schema, [])
-    if structural_problem(schema):  # no engine helps
-        return EnginePlan(problem=problem)
     unsupported = xgrammar_unsupported(schema)
     if dual:
         # xgrammar refused it (vLLM's frontend then picks llguidance itself) or cannot compile
