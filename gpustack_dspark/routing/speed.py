@@ -6,7 +6,11 @@ Three pieces, all fed only by what the proxy already sees (no probes):
   answers (whole request time over `usage.completion_tokens`, or SSE events when a stream
   carries no usage). An estimate not refreshed decays towards the model's average with
   `stale_tau_s`, so a replica that was slow once is tried again and a cold one starts at
-  the average.
+  the average. One answer moves an estimate at most `SAMPLE_CLIP` (2x) from where it stood
+  (a first answer: from the model's average): a CPU replica's first answers at a new batch
+  shape took 10x its usual time, and that one sample (0.021 against 0.0022 s/token) kept an
+  equal replica out of a burst of 16 and out of traffic for minutes. A replica that stays
+  slow still gets there, by up to 2x per answer.
 - `SlowStart`: an instance that turned RUNNING within the last `ramp_s` gets a weight
   that grows over that window (Envoy's slow-start curve: `max(min_weight,
   (age / ramp_s) ** (1 / aggression))`). "Turned RUNNING" is seen at the choice: a new
@@ -36,6 +40,10 @@ MODES = (EXPECTED_FINISH_TIME, LEAST_CONNECTIONS, ROUND_ROBIN)
 # Estimates within this factor of the fastest candidate's count as equal to it: replicas of
 # about the same speed are balanced by in-flight alone, not by their estimates' noise.
 SAME_SPEED_BAND = 1.25
+
+# One answer's seconds per token counts as at most this factor above or below the estimate it
+# updates (for an instance's first answer: the model's average over its other instances).
+SAMPLE_CLIP = 2.0
 
 
 def pick(candidates: Sequence[int], counts: Mapping[int, int], turn: int,
@@ -71,9 +79,10 @@ class _Estimate:
 class ServiceTimes:
     """EWMA of seconds per output token per instance, grouped by model."""
 
-    def __init__(self, alpha: float = 0.3, stale_tau_s: float = 60.0) -> None:
+    def __init__(self, alpha: float = 0.3, stale_tau_s: float = 60.0, clip: float = SAMPLE_CLIP) -> None:
         self.alpha = alpha
         self.stale_tau_s = stale_tau_s
+        self.clip = clip
         self._by_instance: Dict[int, _Estimate] = {}
         self._model_of: Dict[int, Optional[int]] = {}
 
@@ -83,13 +92,19 @@ class ServiceTimes:
         sample = seconds / max(1, int(tokens))
         current = self._by_instance.get(instance_id)
         if current is None:
-            self._by_instance[instance_id] = _Estimate(sample, now)
+            mean = self.model_mean(model_id, exclude=[instance_id])
+            self._by_instance[instance_id] = _Estimate(self._clipped(sample, mean), now)
         else:
             base = self._decayed(instance_id, current, now)
-            current.value = base + self.alpha * (sample - base)
+            current.value = base + self.alpha * (self._clipped(sample, base) - base)
             current.at = now
             current.samples += 1
         self._model_of[instance_id] = model_id
+
+    def _clipped(self, sample: float, around: Optional[float]) -> float:
+        if around is None or around <= 0 or self.clip <= 1:
+            return sample
+        return min(max(sample, around / self.clip), around * self.clip)
 
     def model_mean(self, model_id: Optional[int], exclude: Iterable[int] = ()) -> Optional[float]:
         skip = set(exclude)

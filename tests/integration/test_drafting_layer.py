@@ -208,8 +208,32 @@ def test_layer_steps_aside_for_requests_without_a_grammar(replicas):
 
 
 EXACTNESS_SAMPLES = 300
-# p-values below this reject "one distribution"; a correct variant fails by chance 1 run in 1,000.
+# p-values below this reject "one distribution"; a correct variant fails by chance 1 run in 1,000
+# per comparison, and a rejection is confirmed on fresh samples (below): 1 in 1,000,000.
 EXACTNESS_ALPHA = 0.001
+
+
+def same_distribution(sample, name, sampling, reference):
+    """The two-sample test of `name` against plain vLLM at `sampling`, with the reference
+    replies `reference`. A rejection is confirmed on fresh samples of both before the test
+    fails: with four comparisons per run, chance rejections at alpha 0.001 came up once in about
+    six CI runs (p = 0.0005, TV 0.19 at n = 300, while 3,000 samples per arm of the same
+    variant gave p = 0.54 and 0.46, idle and with three CPU burners). A real bias is rejected
+    again: the wrong variant's TV is about 0.4. Returns (first, confirmation or None)."""
+    first = exactness.two_sample(reference, sample(name, sampling))
+    if first.p_value > EXACTNESS_ALPHA:
+        return first, None
+    print(f"{name}: {first.line()} rejected; confirming on fresh samples", flush=True)
+    return first, exactness.two_sample(sample("plain", sampling), sample(name, sampling))
+
+
+def exact(result) -> bool:
+    first, confirmation = result
+    return (confirmation or first).p_value > EXACTNESS_ALPHA
+
+
+def lines(result) -> str:
+    return " then ".join(c.line() for c in result if c is not None)
 
 
 def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier_is_caught(replicas):
@@ -221,14 +245,14 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     reference = sample("plain", t1)
     # Every reply is one of the 24 the schema allows, and the model uses many of them.
     assert len(set(reference)) >= 8, sorted(set(reference))
-    layer = exactness.two_sample(reference, sample("layer", t1))
+    layer = same_distribution(sample, "layer", t1, reference)
     after = drafting_counters(replicas["layer"])
-    budget = exactness.two_sample(reference, sample("budget", t1))
-    wrong = exactness.two_sample(reference, sample("unfixed", t1))
-    assert layer.p_value > EXACTNESS_ALPHA, ("forced + statistical, length 8", layer.line())
-    assert budget.p_value > EXACTNESS_ALPHA, ("auto", budget.line())
-    assert wrong.p_value < EXACTNESS_ALPHA, ("draft positions verified greedily", wrong.line())
-    assert wrong.tv > layer.tv and wrong.tv > budget.tv, (wrong.line(), layer.line(), budget.line())
+    budget = same_distribution(sample, "budget", t1, reference)
+    wrong = same_distribution(sample, "unfixed", t1, reference)
+    assert exact(layer), ("forced + statistical, length 8", lines(layer))
+    assert exact(budget), ("auto", lines(budget))
+    assert not exact(wrong), ("draft positions verified greedily", lines(wrong))
+    assert wrong[0].tv > layer[0].tv and wrong[0].tv > budget[0].tv, (lines(wrong), lines(layer), lines(budget))
 
     # Grammar-forced tokens (the only token the grammar allows) are certain: accepted at
     # temperature 1 too; spelled ones (other spellings allowed) are the model's choice.
@@ -239,8 +263,8 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
 
     # top_p on draft positions too (it was expanded as garbage like the temperature).
     t07 = exactness.SETTINGS["t07p09"]
-    nucleus = exactness.two_sample(sample("plain", t07), sample("layer", t07))
-    assert nucleus.p_value > EXACTNESS_ALPHA, ("temperature 0.7, top_p 0.9", nucleus.line())
+    nucleus = same_distribution(sample, "layer", t07, sample("plain", t07))
+    assert exact(nucleus), ("temperature 0.7, top_p 0.9", lines(nucleus))
 
 
 def test_seeded_sampling_with_chunked_prefills_is_served_and_the_replica_stays_up(replicas):

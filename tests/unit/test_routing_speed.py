@@ -35,18 +35,47 @@ def test_pick_costs_estimate_times_in_flight_plus_one():
 def test_service_times_ewma_and_decay_towards_the_model_mean():
     times = ServiceTimes(alpha=0.5, stale_tau_s=10)
     times.observe(1, 7, seconds=1.0, tokens=100, now=0)  # 0.01 s/token
-    times.observe(2, 7, seconds=3.0, tokens=100, now=0)  # 0.03
-    assert times.estimate(1, 0) == pytest.approx(0.01) and times.estimate(2, 0) == pytest.approx(0.03)
+    times.observe(2, 7, seconds=1.8, tokens=100, now=0)  # 0.018
+    assert times.estimate(1, 0) == pytest.approx(0.01) and times.estimate(2, 0) == pytest.approx(0.018)
     times.observe(1, 7, seconds=2.0, tokens=100, now=0)
     assert times.estimate(1, 0) == pytest.approx(0.015)
     # Not refreshed: B's estimate drifts towards the others' (A's) so it is tried again.
-    assert times.estimate(2, 10) == pytest.approx(0.015 + 0.015 / 2.718281828, rel=1e-3)
+    assert times.estimate(2, 10) == pytest.approx(0.015 + 0.003 / 2.718281828, rel=1e-3)
     assert times.estimate(2, 1000) == pytest.approx(0.015, rel=1e-3)
     assert times.estimate(3, 0) is None
     times.observe(4, 7, seconds=-1, tokens=1, now=0)  # nonsense is ignored
     assert times.estimate(4, 0) is None
     times.forget({1})
     assert len(times) == 1
+
+
+def test_one_slow_answer_moves_an_estimate_at_most_twofold_and_a_slow_replica_still_gets_there():
+    times = ServiceTimes(alpha=0.3, stale_tau_s=60)
+    for _ in range(18):
+        times.observe(2, 7, seconds=0.22, tokens=100, now=0)  # 0.0022 s/token, as in CI
+    # The other replica's first answer came at a new batch shape: 10x. It counts as 2x the
+    # model's average, so that replica still takes a request once the other has one in flight.
+    times.observe(3, 7, seconds=2.1, tokens=100, now=0)
+    assert times.estimate(3, 0) == pytest.approx(0.0044)
+    assert pick([2, 3], {2: 1}, 0, {2: times.estimate(2, 0), 3: times.estimate(3, 0)}) in (2, 3)
+    assert pick([2, 3], {2: 2}, 0, {2: times.estimate(2, 0), 3: times.estimate(3, 0)}) == 3
+    # Its usual answers bring it back within the same-speed band in a few answers.
+    for n in range(1, 10):
+        times.observe(3, 7, seconds=0.22, tokens=100, now=0)
+        if times.estimate(3, 0) <= 0.0022 * 1.25:
+            break
+    assert n <= 6, times.estimate(3, 0)
+    # A replica that stays 5x slower: 2x at once, then up to 2x per answer towards its speed.
+    times.observe(4, 7, seconds=1.1, tokens=100, now=0)
+    assert times.estimate(4, 0) == pytest.approx(2 * times.model_mean(7, exclude=[4]))
+    for _ in range(8):
+        times.observe(4, 7, seconds=1.1, tokens=100, now=0)
+    assert times.estimate(4, 0) > 0.009
+    # Without clipping (clip 1 or less), a sample is taken as it is.
+    raw = ServiceTimes(clip=1.0)
+    raw.observe(1, 7, 1.0, 100, 0)
+    raw.observe(2, 7, 10.0, 100, 0)
+    assert raw.estimate(2, 0) == pytest.approx(0.1)
 
 
 def test_ramp_curve_is_envoys():
