@@ -29,6 +29,35 @@ def test_time_model_recovers_a_line_and_forgets_old_hardware():
     assert b == pytest.approx(0.002, rel=1e-3)
 
 
+def test_first_shape_outliers_count_as_at_most_twice_the_line_but_new_sizes_and_lasting_changes_do():
+    rng = random.Random(1)
+    clean, clipped = StepTimeModel(clip=0), StepTimeModel()
+    for i in range(300):
+        tokens = rng.randint(8, 72)
+        seconds = 0.006 + 0.0001 * tokens
+        slow = seconds * 8 if i % 25 == 5 else seconds  # a shape's first step: 8x
+        clean.observe(tokens, slow)
+        clipped.observe(tokens, slow)
+    a, b = clipped.fit()
+    assert a == pytest.approx(0.006, rel=0.15) and b == pytest.approx(0.0001, rel=0.3)
+    assert clean.fit()[0] > 0.0075 and clipped.clipped >= 10  # unclipped: a 30 % too high
+    # A step larger than any seen is taken as it is (no extrapolation) ...
+    model = StepTimeModel()
+    for _ in range(20):
+        model.observe(4, 0.004)
+    model.observe(72, 0.05)
+    assert model.clipped == 0 and model.fit()[1] > 0.0003
+    # ... and a lasting change within the sizes seen moves the line, up to 2x per step.
+    for _ in range(200):
+        model.observe(4, 0.02)
+    assert _fit_at(model, 4) == pytest.approx(0.02, rel=0.1)
+
+
+def _fit_at(model, tokens):
+    a, b = model.fit()
+    return a + b * tokens
+
+
 def test_time_model_without_spread_puts_all_cost_per_step_and_refuses_bad_samples():
     model = StepTimeModel()
     assert model.fit() is None
@@ -99,6 +128,70 @@ def test_cheap_tokens_verify_everything_and_costly_tokens_nothing():
     assert off.lengths == [0, 0] and off.cutoff == math.inf and off.reason.startswith("off: expected")
     # ... but a certain one (forced, survival 1) does, as long as a step has a fixed cost.
     assert decide([[1.0, 0.6]], 2, 2, (0.001, 0.010), 64, None, 0.0).lengths == [1]
+
+
+def test_drafting_time_is_priced_into_speculating_only():
+    # Eight requests, two certain (forced) tokens each, cheap verification: on pays ...
+    drafts = [[1.0, 1.0, 0.85, 0.7]] * 8
+    a, b = 0.003, 0.0006
+    on = decide(drafts, 8, 8, (a, b), 2048, None, 0.0, draft_cost=8 * 0.0001)
+    assert sum(on.lengths) >= 16 and on.reason.startswith("on:")
+    # ... unless building the drafts costs more than they save: 2 ms per request is paid
+    # every step while speculating and not while off (drafts only on probe steps).
+    off = decide(drafts, 8, 8, (a, b), 2048, None, 0.0, draft_cost=8 * 0.002)
+    assert off.lengths == [0] * 8 and off.reason.startswith("off: expected") and "drafting 16.00 ms" in off.reason
+    # The controller prices what it measured, per request drafted.
+    budget = SpeculationBudget(BudgetConfig(max_length=4))
+    for tokens in range(8, 48):
+        budget.time.observe(tokens, a + b * tokens)
+    budget.drafting.observe(0.016, 8)
+    budget.drafting.observe(-1, 8)  # nonsense is ignored
+    assert budget.drafting.for_requests(8) == pytest.approx(0.016)
+    assert budget.step([(["forced", "forced", "statistical", "statistical"], [1.0, 1.0, 0.85, 0.82])] * 8,
+                       base_tokens=8, base_output=8, slot_cap=2048).lengths == [0] * 8
+    assert budget.snapshot()["drafting_ms_per_request"] == pytest.approx(2.0)
+
+
+def test_the_glue_times_a_step_without_the_layers_drafting():
+    from gpustack_dspark.worker.drafting.budget_step import BudgetGlue
+
+    glue = BudgetGlue(4)
+    # tokens, step start, drafts built at 101.0, 0.3 s of it the layer's drafting
+    glue._pending = (10, 100.0, 101.0, 0.3)
+    glue._close(None)                   # the engine then went idle: up to the step's own end
+    assert glue.budget.time.sy == pytest.approx(0.7)
+    glue._pending = (10, 200.0, 200.4, 0.1)
+    glue._close(201.0)                  # requests still running: up to the next schedule()
+    assert glue.budget.time.sy == pytest.approx(0.7 * glue.budget.time.forgetting + 0.9)
+
+
+class _Scheduler:
+    def __init__(self, running):
+        self.running, self.waiting = running, []
+        self.max_num_scheduled_tokens, self.max_num_running_reqs = 2048, 8
+
+
+def test_the_glue_takes_the_whole_period_only_while_requests_run(monkeypatch):
+    from gpustack_dspark.worker.drafting import budget_step
+
+    clock = iter([10.0, 10.004, 10.006, 10.010, 10.030, 10.033, 10.034])
+    monkeypatch.setattr(budget_step.time, "perf_counter", lambda: next(clock))
+
+    class Request:
+        request_id, spec_token_ids, num_computed_tokens, num_tokens, is_prefill_chunk = "r", [], 5, 6, False
+
+    glue = budget_step.BudgetGlue(4)
+    busy = _Scheduler([Request()])
+    glue.before_schedule(busy, {}, {})                 # 10.000 step 1 starts
+    glue.after_schedule(type("Out", (), {"total_num_scheduled_tokens": 1})())
+    glue.after_update()                                # 10.004
+    glue.after_drafts(0.001, 1)                        # 10.006, 1 ms of drafting
+    glue.before_schedule(busy, {}, {})                 # 10.010: still running -> period 10 ms - 1 ms
+    assert glue.budget.time.sy == pytest.approx(0.009)
+    glue.after_update()                                # 10.030
+    glue.before_schedule(_Scheduler([]), {}, {})       # 10.033: went idle -> 20 ms to its own end
+    assert glue.budget.time.sy == pytest.approx(0.009 * glue.budget.time.forgetting + 0.020)
+    assert glue.budget.drafting.for_requests(1) == pytest.approx(0.001)
 
 
 def test_the_choice_maximises_the_rate_and_keeps_prefixes():
@@ -260,6 +353,25 @@ def test_while_off_drafts_are_built_only_on_probe_steps():
     assert budget.cutoff == math.inf
     built = [budget.build_length() for _ in range(10)]
     assert built == [0, 0, 0, 0, 4, 0, 0, 0, 0, 4]
+    # A probe that finds it off again doubles the spacing (up to probe_max); on resets it.
+    budget = SpeculationBudget(BudgetConfig(max_length=4, probe_every=2, probe_max=8))
+    for i in range(10):
+        budget.time.observe(1 + i, 0.001 * (1 + i) * 50)
+    losing, paying = [(["statistical"] * 4, [0.5] * 4)], [(["forced"] * 4, [1.0] * 4)]
+    budget.step(losing, base_tokens=1, base_output=1, slot_cap=64)
+    gaps = []
+    for _ in range(5):
+        n = 1
+        while budget.build_length() == 0:
+            n += 1
+        gaps.append(n)
+        budget.step(losing, base_tokens=1, base_output=1, slot_cap=64)
+    assert gaps == [2, 4, 8, 8, 8], gaps
+    budget.time = StepTimeModel()
+    for i in range(10):
+        budget.time.observe(1 + i, 0.010)  # verifying is free now: on
+    budget.step(paying, base_tokens=1, base_output=1, slot_cap=64)
+    assert budget.build_length() == 4 and budget._probe_interval == 2
 
 
 def test_snapshot_is_plain_data():

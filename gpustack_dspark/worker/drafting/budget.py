@@ -12,11 +12,16 @@ for the `dspark` method and of SmartSpec, arXiv 2406.14066, ported to the schedu
   forced token that the model spells differently, or n-gram guesses that keep failing, lose
   survival from what was measured, not from a rule.
 - **Step time** T(tokens) = a + b * tokens, fitted by exponentially weighted least squares
-  on this replica's own steps (warmup steps count; `StepTimeModel`).
+  on this replica's own steps (warmup steps count; `StepTimeModel`), without the layer's own
+  drafting time: that is **drafting cost** D, measured apart per request drafted
+  (`DraftingCost`) and paid only while speculating (while off, drafts are built only on probe
+  steps). Folded into T, D made "off" look as costly as "on" and the budget kept drafting where
+  it lost (0.92x no speculation at concurrency 8, temperature 0.7, on the fixture).
 - **Choice**: rank every (request, position) slot by survival; verifying the top K slots
-  yields R + sum(survival) tokens in T(base + K) seconds, where R is the number of decoding
-  requests and base the tokens scheduled anyway (one per decoding request plus waiting
-  prefills). The K with the highest rate wins, K = 0 (speculation off) included. Survival is
+  yields R + sum(survival) tokens in T(base + K) + D seconds, where R is the number of
+  decoding requests and base the tokens scheduled anyway (one per decoding request plus
+  waiting prefills); K = 0 (speculation off) yields R in T(base). The K with the highest rate
+  wins. Survival is
   non-increasing along a draft, so the top K slots are a prefix of each draft.
 - **Waiting prefills keep their budget**: K never exceeds the step's token budget minus what
   running requests and admissible waiting prefills need.
@@ -41,20 +46,40 @@ class BudgetConfig:
     forgetting: float = 0.99        # weight kept per new step sample (≈ the last 100 steps)
     acceptance_forgetting: float = 0.995
     prior_tokens: float = 8.0       # pseudo-observations at calibration 1 per (kind, position)
-    probe_every: int = 16           # while off, build drafts on one step in this many
+    probe_every: int = 16           # while off, build drafts on one step in this many at first,
+    probe_max: int = 128            # doubling after each probe that stays off, up to this
 
 
 class StepTimeModel:
-    """T(tokens) = a + b * tokens by exponentially weighted least squares (a, b >= 0)."""
+    """T(tokens) = a + b * tokens by exponentially weighted least squares (a, b >= 0).
 
-    def __init__(self, forgetting: float = 0.99) -> None:
+    Once `settle_steps` steps are in, a step of a size within the sizes already seen counts as
+    at most `clip` times what the line predicts for it (a larger step is taken as it is: the
+    line is not extrapolated): on CPU a batch shape's first step is several times slower (oneDNN builds
+    its kernels), and a few such steps had put a at 14 ms where steady steps cost about 7 ms at
+    concurrency 8, so speculation looked cheaper than it was. A lasting change of cost still
+    moves the line, by up to `clip` per step."""
+
+    def __init__(self, forgetting: float = 0.99, clip: float = 2.0, settle_steps: int = 16) -> None:
         self.forgetting = forgetting
+        self.clip = clip
+        self.settle_steps = settle_steps
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
         self.steps = 0
+        self.clipped = 0
+        self.max_tokens = 0
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or not (seconds > 0.0) or not math.isfinite(seconds):
             return
+        if self.steps >= self.settle_steps and self.clip > 1.0 and tokens <= self.max_tokens:
+            fitted = self.fit()
+            if fitted is not None:
+                limit = self.clip * _time(fitted[0], fitted[1], tokens)
+                if seconds > limit:
+                    seconds = limit
+                    self.clipped += 1
+        self.max_tokens = max(self.max_tokens, tokens)
         f = self.forgetting
         x, y = float(tokens), float(seconds)
         self.w = self.w * f + 1.0
@@ -77,6 +102,26 @@ class StepTimeModel:
         if a < 0.0:  # the line through the origin would be steeper: refit b with a = 0
             a, b = 0.0, (self.sxy / self.sxx if self.sxx > 0 else 0.0)
         return a, b
+
+
+class DraftingCost:
+    """EWMA of the layer's drafting time (building and checking drafts) per request drafted."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self.per_request: Optional[float] = None
+        self.samples = 0
+
+    def observe(self, seconds: float, requests: int) -> None:
+        if requests <= 0 or not (seconds >= 0.0) or not math.isfinite(seconds):
+            return
+        sample = seconds / requests
+        self.per_request = sample if self.per_request is None else (
+            self.per_request + self.alpha * (sample - self.per_request))
+        self.samples += 1
+
+    def for_requests(self, requests: int) -> float:
+        return (self.per_request or 0.0) * max(requests, 0)
 
 
 class AcceptanceModel:
@@ -134,14 +179,15 @@ class Decision:
 
 
 def best_slots(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
-               a: float, b: float, slot_cap: int) -> Tuple[int, List[float], List[float]]:
-    """(best K, the ranked slot survivals, rate for every K = 0..len) for a time model (a, b)."""
+               a: float, b: float, slot_cap: int, draft_cost: float = 0.0) -> Tuple[int, List[float], List[float]]:
+    """(best K, the ranked slot survivals, rate for every K = 0..len) for a time model (a, b)
+    and the drafting cost a step pays while speculating."""
     ranked = sorted((s for draft in survivals for s in draft), reverse=True)[: max(slot_cap, 0)]
     rates, gained = [], base_output
     rates.append(gained / _time(a, b, base_tokens))
     for k, s in enumerate(ranked, start=1):
         gained += s
-        rates.append(gained / _time(a, b, base_tokens + k))
+        rates.append(gained / (_time(a, b, base_tokens + k) + max(draft_cost, 0.0)))
     best = max(range(len(rates)), key=lambda k: (rates[k], -k))
     return best, ranked, rates
 
@@ -152,13 +198,13 @@ def _time(a: float, b: float, tokens: int) -> float:
 
 def decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
            model: Optional[Tuple[float, float]], slot_cap: int, previous_cutoff: Optional[float],
-           hysteresis: float) -> Decision:
+           hysteresis: float, draft_cost: float = 0.0) -> Decision:
     """The draft length per request (a prefix of each draft) for this step."""
     full = [len(s) for s in survivals]
     if model is None:
         return Decision(full, 0.0, None, None, "step-time model not profiled yet: drafts as built")
     a, b = model
-    k_best, ranked, rates = best_slots(survivals, base_tokens, base_output, a, b, slot_cap)
+    k_best, ranked, rates = best_slots(survivals, base_tokens, base_output, a, b, slot_cap, draft_cost)
     cutoff = ranked[k_best - 1] if k_best else math.inf
     if previous_cutoff is not None:
         k_prev = sum(1 for s in ranked if s >= previous_cutoff)
@@ -173,7 +219,7 @@ def decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: 
         else:
             reason = (f"off: expected {rates[0]:.1f} tok/s without drafts >= with them "
                       f"(best {max(rates[1:]) if len(rates) > 1 else 0:.1f}; T = {a * 1e3:.2f} ms + "
-                      f"{b * 1e3:.3f} ms/token)")
+                      f"{b * 1e3:.3f} ms/token, drafting {draft_cost * 1e3:.2f} ms)")
     else:
         reason = f"on: {k_best} draft tokens, expected {rates[k_best]:.1f} tok/s vs {rates[0]:.1f} without"
     return Decision(lengths, cutoff, rates[k_best], rates[0], reason)
@@ -214,11 +260,13 @@ class SpeculationBudget:
         self.time = StepTimeModel(self.config.forgetting)
         self.acceptance = AcceptanceModel(self.config.max_length, self.config.acceptance_forgetting,
                                           self.config.prior_tokens)
+        self.drafting = DraftingCost()
         self.cutoff: Optional[float] = None
         self.counters = BudgetCounters()
         self.last: Optional[Decision] = None
         self.last_kept = 0
         self._since_probe = 0
+        self._probe_interval = self.config.probe_every
 
     def model(self) -> Optional[Tuple[float, float]]:
         return self.time.fit() if self.time.steps >= self.config.min_steps else None
@@ -226,11 +274,12 @@ class SpeculationBudget:
     def build_length(self) -> int:
         """How long the layer should build drafts next step: all the way while speculation is
         on (or not decided yet); while off, only on a probe step, so the decision is revisited
-        without paying the drafting cost every step."""
+        without paying the drafting cost every step. Probes that find "off" again space out
+        (x2 up to `probe_max`); turning on resets the spacing."""
         if self.last is None or self.cutoff is None or math.isfinite(self.cutoff):
             return self.config.max_length
         self._since_probe += 1
-        if self._since_probe >= self.config.probe_every:
+        if self._since_probe >= self._probe_interval:
             self._since_probe = 0
             return self.config.max_length
         return 0
@@ -242,7 +291,7 @@ class SpeculationBudget:
                      for kinds, confs in drafts]
         offered = sum(len(s) for s in survivals)
         decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
-                          self.config.hysteresis)
+                          self.config.hysteresis, self.drafting.for_requests(len(drafts)))
         c = self.counters
         c.steps += 1
         c.tokens_offered += offered
@@ -251,7 +300,14 @@ class SpeculationBudget:
         c.steps_off += int(offered > 0 and kept == 0)
         c.steps_capped_by_prefill += int(slot_cap < offered)
         if decision.expected_rate is not None and offered:
+            was_off = self.cutoff is not None and math.isinf(self.cutoff)
             self.cutoff = decision.cutoff
+            if math.isinf(self.cutoff):
+                if was_off:  # a probe found it off again
+                    self._probe_interval = min(self._probe_interval * 2, max(self.config.probe_max,
+                                                                             self.config.probe_every))
+            else:
+                self._probe_interval = self.config.probe_every
         self.last, self.last_kept = decision, kept
         return decision
 
@@ -262,7 +318,9 @@ class SpeculationBudget:
             "max_length": self.config.max_length,
             "time_model": None if model is None else {
                 "a_ms": round(model[0] * 1e3, 4), "b_ms_per_token": round(model[1] * 1e3, 5),
-                "steps": self.time.steps, "in_use": self.model() is not None},
+                "steps": self.time.steps, "clipped_steps": self.time.clipped, "in_use": self.model() is not None},
+            "drafting_ms_per_request": (None if self.drafting.per_request is None
+                                        else round(self.drafting.per_request * 1e3, 4)),
             "cutoff": None if self.cutoff is None else (None if math.isinf(self.cutoff) else round(self.cutoff, 4)),
             "speculating": None if self.cutoff is None else math.isfinite(self.cutoff),
             "last_step_draft_tokens": self.last_kept,

@@ -4,8 +4,13 @@ scheduler, trim each running request's draft before vLLM schedules it, and time 
 Called from DSparkDraftingScheduler (scheduler.py) at four points of one engine step (V1,
 synchronous scheduling: schedule -> model -> update_from_output -> update_draft_token_ids):
 `before_schedule` (trim the drafts built last step), `after_schedule` (tokens scheduled),
-`after_update` and `after_drafts` (step time = schedule start to drafts built, so the layer's
-own drafting time is part of what a draft token costs).
+`after_update` and `after_drafts`. A step's time is its whole period, from its schedule() to
+the next one's, when requests were still running then (the engine went straight on); else,
+after an idle gap, from schedule() to its drafts built. Both less the layer's own drafting
+time, which the budget prices apart (paid only while speculating). The period matters: with
+the engine in the API server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the output
+processing and HTTP work between two steps took about 40 % of a step's period at concurrency
+8 on the fixture (a 5 ms window in an 11 ms period), and it is paid per step.
 
 vLLM internals used here (instance attributes, checked by `check_scheduler` at start, the
 class attributes are in the vLLM seam, worker/vllm_seam/names.py): Scheduler.running / .waiting /
@@ -69,15 +74,17 @@ class BudgetGlue:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._pending: Optional[Tuple[int, float, float]] = None
+        # (tokens, schedule start, end of update_from_output or of the drafts, drafting seconds)
+        self._pending: Optional[Tuple[int, float, float, float]] = None
 
     def build_length(self) -> int:
         return self.budget.build_length()
 
     def before_schedule(self, scheduler, confidences: Dict[str, List[float]], kinds: Dict[str, List[str]]) -> None:
-        self._close(None)
-        self._t0 = time.perf_counter()
+        now = time.perf_counter()
         running = list(scheduler.running)
+        self._close(now if running else None)
+        self._t0 = now
         drafted = [r for r in running if r.spec_token_ids]
         decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
@@ -103,19 +110,24 @@ class BudgetGlue:
 
     def after_update(self) -> None:
         if self._t0 is not None:
-            self._pending = (self._tokens, self._t0, time.perf_counter())
+            self._pending = (self._tokens, self._t0, time.perf_counter(), 0.0)
             self._t0 = None
 
-    def after_drafts(self) -> None:
-        self._close(time.perf_counter())
+    def after_drafts(self, drafting_s: float = 0.0, drafted: int = 0) -> None:
+        """The layer built (and checked) drafts for `drafted` requests in `drafting_s`."""
+        if drafted > 0:
+            self.budget.drafting.observe(drafting_s, drafted)
+        if self._pending is not None:
+            tokens, t0, _, _ = self._pending
+            self._pending = (tokens, t0, time.perf_counter(), drafting_s)
 
-    def _close(self, end: Optional[float]) -> None:
-        """Record the pending step: up to `end` when its drafts were just built, else up to the
-        end of its update_from_output."""
+    def _close(self, next_start: Optional[float]) -> None:
+        """Record the pending step, less its drafting time: up to `next_start` (the next
+        step's schedule(), the engine having gone straight on), else up to its own end."""
         if self._pending is None:
             return
-        tokens, t0, updated = self._pending
-        self.budget.time.observe(tokens, (end if end is not None else updated) - t0)
+        tokens, t0, end, drafting_s = self._pending
+        self.budget.time.observe(tokens, (next_start if next_start is not None else end) - t0 - drafting_s)
         self._pending = None
 
     def sync(self, counters) -> None:

@@ -272,6 +272,7 @@ def _scheduler_class():
             layer = self.dspark
             # With the budget on: how far to build this step's drafts (0 while speculation is off).
             build = layer.budget.build_length() if layer.budget is not None else None
+            drafted = 0
             for req_id, base_draft in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
                 request = self.requests.get(req_id)
                 if request is None or request.is_finished():
@@ -292,6 +293,7 @@ def _scheduler_class():
                     layer.kinds[req_id] = ["base"] * len(validated)
                     layer.confs[req_id] = [1.0] * len(validated)
                     continue
+                drafted += 1
                 try:
                     draft = layer.draft_for(request, walker, base_draft, build)
                 except Exception:
@@ -307,9 +309,9 @@ def _scheduler_class():
                 request.spec_token_ids = validated
                 layer.kinds[req_id] = draft.kinds[: len(validated)]
                 layer.confs[req_id] = (draft.confidences or [1.0] * len(draft.tokens))[: len(validated)]
-            if layer.budget is not None:
-                layer.budget.after_drafts()
             now = time.perf_counter()
+            if layer.budget is not None:
+                layer.budget.after_drafts(now - started, drafted)
             layer.clock.add("draft_check_us", checking)
             layer.clock.add("layer_us", now - started - checking)
             layer.clock.close(now)
