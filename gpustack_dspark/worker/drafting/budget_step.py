@@ -7,10 +7,11 @@ synchronous scheduling: schedule -> model -> update_from_output -> update_draft_
 `after_update` and `after_drafts`. A step's time is its whole period, from its schedule() to
 the next one's, when requests were still running then (the engine went straight on); else,
 after an idle gap, from schedule() to its drafts built. Both less the layer's own drafting
-time, which the budget prices apart (paid only while speculating). The period matters: with
-the engine in the API server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the output
-processing and HTTP work between two steps took about 40 % of a step's period at concurrency
-8 on the fixture (a 5 ms window in an 11 ms period), and it is paid per step.
+time, which the budget prices apart (paid only while speculating). The period is what a step
+costs the replica: with the engine in the API server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+the output processing and HTTP work between two steps are paid per step, outside the window
+from schedule() to the drafts. (On the fixture at concurrency 8 the two fits came out close:
+a ≈ 5 ms, b ≈ 0.06-0.07 ms/token either way.)
 
 vLLM internals used here (instance attributes, checked by `check_scheduler` at start, the
 class attributes are in the vLLM seam, worker/vllm_seam/names.py): Scheduler.running / .waiting /
