@@ -15,14 +15,13 @@ for the `dspark` method and of SmartSpec, arXiv 2406.14066, ported to the schedu
   on this replica's own steps (warmup steps count; `StepTimeModel`), without the layer's own
   drafting time: that is **drafting cost** D, measured apart per request drafted
   (`DraftingCost`) and paid only while speculating (while off, drafts are built only on probe
-  steps). Folded into T, D made "off" look as costly as "on" and the budget kept drafting where
-  it lost (0.92x no speculation at concurrency 8, temperature 0.7, on the fixture).
+  steps). Folded into T, it was charged to steps without drafts too.
 - **Choice**: rank every (request, position) slot by survival; verifying the top K slots
   yields R + sum(survival) tokens in T(base + K) + D seconds, where R is the number of
-  decoding requests and base the tokens scheduled anyway (one per decoding request plus
-  waiting prefills); K = 0 (speculation off) yields R in T(base). The K with the highest rate
-  wins. Survival is
-  non-increasing along a draft, so the top K slots are a prefix of each draft.
+  decoding requests and base their positions (the glue passes R: a prefill in the step is
+  paid with or without drafts); K = 0 (speculation off) yields R in T(base). The K with the
+  highest rate wins. Survival is non-increasing along a draft, so the top K slots are a
+  prefix of each draft.
 - **Waiting prefills keep their budget**: K never exceeds the step's token budget minus what
   running requests and admissible waiting prefills need.
 - **Hysteresis**: the decision is kept as a survival cutoff; a new cutoff replaces the
@@ -55,10 +54,10 @@ class StepTimeModel:
 
     Once `settle_steps` steps are in, a step of a size within the sizes already seen counts as
     at most `clip` times what the line predicts for it (a larger step is taken as it is: the
-    line is not extrapolated): on CPU a batch shape's first step is several times slower (oneDNN builds
-    its kernels), and a few such steps had put a at 14 ms where steady steps cost about 7 ms at
-    concurrency 8, so speculation looked cheaper than it was. A lasting change of cost still
-    moves the line, by up to `clip` per step."""
+    line is not extrapolated): on CPU a batch shape's first step is several times slower
+    (oneDNN builds its kernels), and a few such steps had put a at 14 ms where steady steps
+    cost about 5-7 ms at concurrency 8. A lasting change of cost still moves the line, by up
+    to `clip` per step."""
 
     def __init__(self, forgetting: float = 0.99, clip: float = 2.0, settle_steps: int = 16) -> None:
         self.forgetting = forgetting

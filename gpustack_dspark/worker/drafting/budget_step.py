@@ -104,7 +104,7 @@ class BudgetGlue:
         self._close(now if running else None)
         self._t0 = now
         drafted = [r for r in running if r.spec_token_ids]
-        decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
+        decoding, _, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
         if not drafted:
             return
