@@ -18,10 +18,10 @@ for the `dspark` method and of SmartSpec, arXiv 2406.14066, ported to the schedu
   steps). Folded into T, it was charged to steps without drafts too.
 - **Choice**: rank every (request, position) slot by survival; verifying the top K slots
   yields R + sum(survival) tokens in T(base + K) + D seconds, where R is the number of
-  decoding requests and base their positions (the glue passes R: a prefill in the step is
-  paid with or without drafts); K = 0 (speculation off) yields R in T(base). The K with the
-  highest rate wins. Survival is non-increasing along a draft, so the top K slots are a
-  prefix of each draft.
+  decoding requests and base the tokens scheduled anyway (one per decoding request plus
+  waiting prefills); K = 0 (speculation off) yields R in T(base). The K with the highest rate
+  wins. Survival is non-increasing along a draft, so the top K slots are a prefix of each
+  draft.
 - **Waiting prefills keep their budget**: K never exceeds the step's token budget minus what
   running requests and admissible waiting prefills need.
 - **Hysteresis**: the decision is kept as a survival cutoff; a new cutoff replaces the

@@ -16,15 +16,7 @@ a ≈ 5 ms, b ≈ 0.06-0.07 ms/token either way.)
 vLLM internals used here (instance attributes, checked by `check_scheduler` at start, the
 class attributes are in the vLLM seam, worker/vllm_seam/names.py): Scheduler.running / .waiting /
 .max_num_scheduled_tokens / .max_num_running_reqs, Request.spec_token_ids /
-.num_computed_tokens / .num_tokens / .is_prefill_chunk, SchedulerOutput.total_num_scheduled_tokens /
-.num_scheduled_tokens / .scheduled_spec_decode_tokens.
-
-Only decode-only steps (every request scheduled one token plus its drafts) feed the time model,
-and the choice prices the decoding requests' positions only: a prefill token costs far less
-than a verified position (no sampling, no grammar mask, no rejection test), so steps with
-prefills pulled the per-token slope down towards a prefill token's cost (0.06-0.07 ms at
-concurrency 8 on the fixture; 0.11-0.15 ms from decode-only steps). A prefill in the step is
-paid with or without drafts.
+.num_computed_tokens / .num_tokens / .is_prefill_chunk, SchedulerOutput.total_num_scheduled_tokens.
 """
 
 import itertools
@@ -78,20 +70,11 @@ def step_numbers(running: Sequence, waiting, token_budget: int, max_running: int
     return decoding, scheduled_base, max(token_budget - base, 0)
 
 
-def decode_only(scheduler_output) -> bool:
-    """Every scheduled request got one token plus its drafts (no prefill in the step)."""
-    per_request = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
-    total = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
-    return bool(per_request) and total == len(per_request) + sum(len(v) for v in spec.values())
-
-
 class BudgetGlue:
     def __init__(self, max_length: int) -> None:
         self.budget = SpeculationBudget(BudgetConfig(max_length=max_length))
         self._t0: Optional[float] = None
         self._tokens = 0
-        self._decode_only = False
         # (tokens, schedule start, end of update_from_output or of the drafts, drafting seconds)
         self._pending: Optional[Tuple[int, float, float, float]] = None
 
@@ -104,7 +87,7 @@ class BudgetGlue:
         self._close(now if running else None)
         self._t0 = now
         drafted = [r for r in running if r.spec_token_ids]
-        decoding, _, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
+        decoding, base, cap = step_numbers(running, scheduler.waiting, scheduler.max_num_scheduled_tokens,
                                            scheduler.max_num_running_reqs)
         if not drafted:
             return
@@ -113,7 +96,7 @@ class BudgetGlue:
             rid = request.request_id
             n = len(request.spec_token_ids)
             drafts.append(((kinds.get(rid) or ["base"] * n)[:n], (confidences.get(rid) or [1.0] * n)[:n]))
-        decision = self.budget.step(drafts, base_tokens=max(decoding, 1), base_output=max(decoding, 1), slot_cap=cap)
+        decision = self.budget.step(drafts, base_tokens=base, base_output=max(decoding, 1), slot_cap=cap)
         for request, length in zip(drafted, decision.lengths):
             if length < len(request.spec_token_ids):
                 request.spec_token_ids = request.spec_token_ids[:length]
@@ -125,11 +108,8 @@ class BudgetGlue:
 
     def after_schedule(self, scheduler_output) -> None:
         self._tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
-        self._decode_only = decode_only(scheduler_output)
 
     def after_update(self) -> None:
-        if self._t0 is not None and not self._decode_only:
-            self._t0 = None  # a step with prefills: not a sample of the time model
         if self._t0 is not None:
             self._pending = (self._tokens, self._t0, time.perf_counter(), 0.0)
             self._t0 = None

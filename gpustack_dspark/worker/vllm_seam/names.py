@@ -75,10 +75,8 @@ INTERNALS: Tuple[Internal, ...] = (
                             "_free_request": ("self", "request"), "schedule": ("self",),
                             "get_grammar_bitmask": ("self", "scheduler_output")},
              used_by="drafting/scheduler.py: DSparkDraftingScheduler subclasses it (--scheduler-cls)"),
-    Internal("SchedulerOutput", "vllm.v1.core.sched.output",
-             members=("total_num_scheduled_tokens", "num_scheduled_tokens", "scheduled_spec_decode_tokens"),
-             used_by="drafting/budget_step.py: tokens scheduled this step, decode-only or not; "
-                     "drafting/scheduler.py: each request's verified drafts"),
+    Internal("SchedulerOutput", "vllm.v1.core.sched.output", members=("total_num_scheduled_tokens",),
+             used_by="drafting/budget_step.py: tokens scheduled this step"),
     Internal("StructuredOutputManager", SO, members=("validate_tokens", "grammar_init", "_create_grammar"),
              instance=("backend", "vllm_config", "tokenizer"),
              member_params={"grammar_init": ("self", "request"), "_create_grammar": ("self", "request")},
