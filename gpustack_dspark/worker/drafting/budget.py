@@ -109,7 +109,6 @@ class DraftingCost:
     def __init__(self, alpha: float = 0.1) -> None:
         self.alpha = alpha
         self.per_request: Optional[float] = None
-        self.samples = 0
 
     def observe(self, seconds: float, requests: int) -> None:
         if requests <= 0 or not (seconds >= 0.0) or not math.isfinite(seconds):
@@ -117,7 +116,6 @@ class DraftingCost:
         sample = seconds / requests
         self.per_request = sample if self.per_request is None else (
             self.per_request + self.alpha * (sample - self.per_request))
-        self.samples += 1
 
     def for_requests(self, requests: int) -> float:
         return (self.per_request or 0.0) * max(requests, 0)
