@@ -1,4 +1,4 @@
-"""Workarounds for two faults of vLLM 0.32's CPU build that break sampling with speculation.
+"""Workarounds for faults of vLLM 0.32's CPU build that break or slow sampling with speculation.
 
 Loaded by vLLM itself in every one of its processes (the `vllm.general_plugins` entry point,
 `register()`), before a model runner samples anything. Each fix first checks that the fault is
@@ -25,10 +25,23 @@ brings the faults back).
    engine dies. The fix saves the generator state of the discarded rows before sampling,
    restores it after (an exact rewind, as if the discarded sample never happened) and keeps
    the offset rewind from running on CPU generators.
+3. **Every verify step draws batch × vocabulary exponentials with torch's slowest sampler**
+   (`sample_recovered_tokens`). A rejected draft position is resampled from the residual
+   distribution by the Gumbel-max trick: argmax of p / q with q ~ Exp(1), one q per request and
+   vocabulary entry, drawn every step for every request with drafts (`q.exponential_()`, then
+   `exponential_(generator=...)` again for each seeded request). On CPU torch's `exponential_`
+   is 5-7x slower than `rand` (232 µs against 42 µs for 8 × 2,048 values here), and this one
+   draw was ~55 % of the rejection sampler in a py-spy profile at concurrency 8, temperature 1
+   (docs/drafting.md, "Where a verify step's time goes"). The fix draws the same Exp(1) noise
+   as -log(U) from float64 uniforms (the same generators, the same requests; U = 0, of
+   probability 2^-53, gives q = inf: that entry is not chosen) and calls vLLM's own kernel
+   with it. The distribution is unchanged; a seeded request's stream is another one (still
+   the same for the same seed and drafts).
 """
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -150,6 +163,120 @@ def _patch_generators() -> None:
     GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
 
 
+# ---- 3. recovered tokens' noise ------------------------------------------------------------
+
+class _UniformsSeen(threading.local):
+    """The uniforms `rejection_sample` just drew for its accept test (this thread's last)."""
+    value = None
+
+
+_uniforms_seen = _UniformsSeen()
+
+
+def _noting_uniforms(original):
+    def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device):
+        uniforms = original(num_tokens, num_draft_tokens, generators, device)
+        _uniforms_seen.value = uniforms
+        return uniforms
+    return generate_uniform_probs
+
+
+def _first_rejected(uniforms, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs):
+    """Each request's first draft position the accept test rejects: (rows, their requests).
+
+    The same test as vLLM's CPU kernel (`rejection_random_sample_kernel_impl`): in float32,
+    a draft is kept when draft_prob > 0 and target_prob / draft_prob >= u (draft_prob = 1
+    without draft probabilities). Only the first rejected position of a request is ever read
+    back, so only those need a recovered token. (Index work in numpy: a handful of small
+    arrays, where each torch op would cost more than its work.)"""
+    import numpy as np
+    import torch
+
+    safe = draft_token_ids.long()[:, None]
+    target = target_probs.gather(1, safe)[:, 0]
+    uniform = uniforms.to(torch.float32)
+    if draft_probs is None:
+        kept = target >= uniform
+    else:
+        draft = draft_probs.gather(1, safe)[:, 0]
+        kept = (draft > 0) & (target / draft >= uniform)
+    rejected = np.flatnonzero(~kept.numpy())
+    requests = np.searchsorted(cu_num_draft_tokens.numpy(), rejected, side="right")
+    requests, first = np.unique(requests, return_index=True)
+    return torch.from_numpy(rejected[first]), requests.tolist()
+
+
+def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                           target_probs, sampling_metadata, device, use_fp64_gumbel: bool = False):
+    """vLLM's `sample_recovered_tokens`, for the positions that are read back, with its Exp(1)
+    noise drawn as -log(U), U ~ U[0, 1) (the same generators, one row per request)."""
+    import torch
+
+    uniforms, _uniforms_seen.value = _uniforms_seen.value, None
+    # Every position when this was not called from rejection_sample, or a draft is padded (-1):
+    # vLLM's CPU kernel then reads target_probs out of its row, so what it keeps is not known here.
+    if uniforms is None or uniforms.shape[0] != draft_token_ids.shape[0] or bool((draft_token_ids < 0).any()):
+        rows = torch.arange(draft_token_ids.shape[0])
+        requests = [i for i, n in enumerate(num_draft_tokens) for _ in range(n)]
+    else:
+        rows, requests = _first_rejected(uniforms, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs)
+    recovered = torch.zeros_like(draft_token_ids)
+    if rows.numel() == 0:
+        return recovered
+    if draft_probs is None:  # a one-hot proposal: the residual is the target without the draft token
+        residual = target_probs[rows]
+        ids = draft_token_ids[rows].long()
+        drafted = ids >= 0
+        residual[torch.arange(rows.shape[0])[drafted], ids[drafted]] = 0
+    else:
+        residual = (target_probs[rows] - draft_probs[rows]).clamp_(min=0)
+    uniform = torch.rand(residual.shape, dtype=torch.float64, device=device)
+    generators = sampling_metadata.generators
+    for k, request in enumerate(requests):
+        if request in generators:
+            uniform[k].uniform_(generator=generators[request])
+    # score = p / q with q = -log(U) ~ Exp(1): argmax is a sample of p (normalised). U = 0 gives
+    # a score of 0 (-1 / -inf = 0), which is never chosen over a positive one.
+    inv_q = uniform.log_().reciprocal_().neg_()
+    dtype = torch.float64 if use_fp64_gumbel else torch.float32
+    score = residual.to(dtype) * inv_q.to(dtype)
+    recovered[rows] = score.argmax(dim=-1).to(recovered.dtype)
+    return recovered
+
+
+def _exponential_is_slow() -> Optional[str]:
+    import time
+
+    import torch
+
+    if not vllm_seam.resolve("current_platform").is_cpu():
+        return None  # on GPUs vLLM's draw is one fast kernel
+    vllm_seam.resolve("sample_recovered_tokens")  # the functions this fix replaces are there
+    vllm_seam.resolve("generate_uniform_probs")
+    q = torch.empty(8, 2048)
+
+    def best_us(draw: Callable[[], object]) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            draw()
+            times.append(time.perf_counter() - start)
+        return min(times) * 1e6
+
+    # Applied on every CPU (the same distribution either way); the figures are for the log.
+    slow = best_us(lambda: q.exponential_())
+    fast = best_us(lambda: torch.rand(q.shape, dtype=torch.float64).log_().reciprocal_().neg_())
+    return f"torch exponential_ {slow:.0f} µs, -log(rand) {fast:.0f} µs for 8 x 2048 values"
+
+
+def _patch_recovered() -> None:
+    import importlib
+
+    module = importlib.import_module(vllm_seam.module_of("sample_recovered_tokens"))
+    module.generate_uniform_probs = _noting_uniforms(module.generate_uniform_probs)
+    module.sample_recovered_tokens = _fast_recovered_tokens
+
+
 FIXES = (
     Fix("expand_batch_to_tokens",
         "on CPU, draft positions are verified with garbage temperature/top-k/top-p (biased, slow sampling)",
@@ -157,6 +284,9 @@ FIXES = (
     Fix("cpu_generator_rewind",
         "on CPU, a seeded request whose prefill is chunked stops the engine (generator offset)",
         _cpu_generators_lack_offset, _patch_generators),
+    Fix("recovered_token_noise",
+        "on CPU, every verify step draws batch x vocabulary exponentials with torch's slow exponential_",
+        _exponential_is_slow, _patch_recovered),
 )
 
 

@@ -101,10 +101,17 @@ INTERNALS: Tuple[Internal, ...] = (
     Internal("ToolParserManager", "vllm.tool_parsers", members=("get_tool_parser",),
              params=None, used_by="serve.structural_tag_format: a parser's structural-tag format "
                                   "(its class's `structural_tag_model`; strict tools under auto)"),
-    # --- vllm_fixes.py: the CPU build's two faults -----------------------------------------
+    # --- vllm_fixes.py: the CPU build's faults -----------------------------------------
     Internal("current_platform", "vllm.platforms", used_by="vllm_fixes: the fixes apply on CPU only"),
     Internal("expand_batch_to_tokens", "vllm.v1.sample.rejection_sampler", params=("x", "cu_num_tokens", "num_tokens"),
              used_by="vllm_fixes: the CPU expand kernel's self-test and its replacement"),
+    Internal("sample_recovered_tokens", "vllm.v1.sample.rejection_sampler",
+             params=("max_spec_len", "num_draft_tokens", "cu_num_draft_tokens", "draft_token_ids", "draft_probs",
+                     "target_probs", "sampling_metadata", "device"),
+             used_by="vllm_fixes: the recovered tokens' noise drawn without CPU exponential_"),
+    Internal("generate_uniform_probs", "vllm.v1.sample.rejection_sampler",
+             params=("num_tokens", "num_draft_tokens", "generators", "device"),
+             used_by="vllm_fixes: the accept test's uniforms, to find the positions read back"),
     Internal("GPUModelRunner", "vllm.v1.worker.gpu_model_runner", members=("_sample", "_bookkeeping_sync"),
              used_by="vllm_fixes: seeded requests on chunked prefill"),
 )

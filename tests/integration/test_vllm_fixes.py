@@ -1,0 +1,99 @@
+"""vLLM's rejection sampler on CPU with and without `worker/vllm_fixes.py`'s recovered-token fix.
+
+The fix (`recovered_token_noise`) replaces how vLLM 0.32 resamples a rejected draft position:
+the Gumbel noise is drawn another way and only for the positions read back. It must not change
+what a verify step returns, in distribution: real `rejection_sample` of the installed vLLM (its
+CPU kernels), a small vocabulary with rejections at every position, many steps, vLLM's own
+outputs against the fixed ones by the same two-sample test as the drafting layer's exactness
+test (`tests/bench/exactness.py`). A deliberately wrong residual (the draft token left in) must
+fail the same test, so the test can fail. Seeded requests stay reproducible. The drafting
+layer's reply-level test (`test_drafting_layer.py`) runs the whole path with the fix on.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from gpustack_dspark.devstack.replica import worker_env, worker_python
+from tests.bench import exactness
+
+pytestmark = pytest.mark.integration
+
+STEPS = 6000
+ALPHA = 0.001
+
+SCRIPT = r"""
+import json, sys
+import torch
+from vllm.platforms import current_platform
+current_platform.register_triton_kernel_overrides()  # the CPU kernels, as in a CPU engine
+from gpustack_dspark.worker import vllm_fixes
+from gpustack_dspark.worker.vllm_seam import module_of
+import importlib
+rs = importlib.import_module(module_of("sample_recovered_tokens"))
+
+steps = int(sys.argv[1])
+V, B, K = 6, 3, 3
+base = torch.tensor([.4, .3, .1, .1, .05, .05]).log()
+logits = torch.stack([base.roll(i) for i in range(B * K)])  # every position its own distribution
+draft = torch.tensor([0, 1, 2, 3, 4, 5, 1, 2, 2], dtype=torch.int32)
+cu = torch.tensor([3, 6, 9], dtype=torch.int32)
+bonus = torch.tensor([[5], [5], [5]])
+
+class Meta:  # the SamplingMetadata fields rejection_sample reads
+    all_greedy, all_random = False, True
+    temperature = torch.ones(B)
+    generators = {}
+
+def run(n, seeded=False):
+    Meta.generators = {1: torch.Generator().manual_seed(7)} if seeded else {}
+    return [[tuple(row) for row in rs.rejection_sample(draft, [K] * B, K, cu, None, logits.clone(), bonus,
+                                                       Meta).tolist()] for _ in range(n)]
+
+out = {"vllm": run(steps)}
+vllm_fixes._patch_recovered()
+out["fixed"] = run(steps)
+out["seeded"] = [run(50, seeded=True), run(50, seeded=True)]
+padded = draft.clone(); padded[4] = -1  # a padded draft: every position is resampled
+out["padded_ok"] = rs.sample_recovered_tokens(K, [K] * B, cu, padded, None, logits.softmax(-1), Meta, "cpu").tolist()
+
+def wrong_residual(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                   sampling_metadata, device, use_fp64_gumbel=False):
+    # Resampling from the target itself: the draft token is not taken out of the residual.
+    return torch.multinomial(target_probs, 1)[:, 0].to(draft_token_ids.dtype)
+rs.sample_recovered_tokens = wrong_residual
+out["wrong"] = run(steps)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def steps():
+    done = subprocess.run([str(worker_python()), "-c", SCRIPT, str(STEPS)], capture_output=True, text=True,
+                          timeout=600, env=worker_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _request(outputs, i):
+    return [tuple(step[i]) for step in outputs]
+
+
+def test_the_fix_keeps_vllms_verify_distribution_and_a_wrong_residual_is_caught(steps):
+    for i in range(3):
+        fixed = exactness.two_sample(_request(steps["vllm"], i), _request(steps["fixed"], i), permutations=2000)
+        wrong = exactness.two_sample(_request(steps["vllm"], i), _request(steps["wrong"], i), permutations=2000)
+        print(f"request {i}: fixed {fixed.line()}; wrong residual {wrong.line()}")
+        assert fixed.p_value > ALPHA, (i, fixed.line())
+        assert wrong.p_value <= ALPHA and wrong.tv > fixed.tv, (i, wrong.line())
+    # Rejections happen at every position, so every recovered position was exercised.
+    for i in range(3):
+        assert {sum(1 for t in row if t >= 0) for row in _request(steps["fixed"], i)} >= {1, 2, 3}
+
+
+def test_a_seeded_request_stays_reproducible_and_a_padded_draft_is_served(steps):
+    first, second = steps["seeded"]
+    assert [step[1] for step in first] == [step[1] for step in second]
+    assert len({tuple(step[1]) for step in first}) > 1  # the seed drives a real sample
+    assert all(0 <= token < 6 for token in steps["padded_ok"])
