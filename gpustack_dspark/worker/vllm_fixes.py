@@ -25,18 +25,22 @@ brings the faults back).
    engine dies. The fix saves the generator state of the discarded rows before sampling,
    restores it after (an exact rewind, as if the discarded sample never happened) and keeps
    the offset rewind from running on CPU generators.
-3. **Every verify step draws batch × vocabulary exponentials with torch's slowest sampler**
+3. **Every verify step resamples every draft position, with torch's slowest sampler**
    (`sample_recovered_tokens`). A rejected draft position is resampled from the residual
-   distribution by the Gumbel-max trick: argmax of p / q with q ~ Exp(1), one q per request and
-   vocabulary entry, drawn every step for every request with drafts (`q.exponential_()`, then
-   `exponential_(generator=...)` again for each seeded request). On CPU torch's `exponential_`
-   is 5-7x slower than `rand` (232 µs against 42 µs for 8 × 2,048 values here), and this one
-   draw was ~55 % of the rejection sampler in a py-spy profile at concurrency 8, temperature 1
-   (docs/drafting.md, "Where a verify step's time goes"). The fix draws the same Exp(1) noise
-   as -log(U) from float64 uniforms (the same generators, the same requests; U = 0, of
-   probability 2^-53, gives q = inf: that entry is not chosen) and calls vLLM's own kernel
-   with it. The distribution is unchanged; a seeded request's stream is another one (still
-   the same for the same seed and drafts).
+   distribution (the target's without the draft token). vLLM does it for every draft position
+   of every request, by the Gumbel-max trick: argmax of p / q over the vocabulary with
+   q ~ Exp(1), batch x vocabulary exponentials drawn each step (`q.exponential_()`, then
+   again for each seeded request). On CPU torch's `exponential_` is 5-7x slower than `rand`
+   (232 µs against 42 µs for 8 x 2,048 values here), and this step was ~55 % of the
+   rejection sampler in a py-spy profile at concurrency 8, temperature 1 (docs/drafting.md,
+   "Where a verify step's time goes"). Only each request's first rejected position is ever
+   read back, so the fix finds those with vLLM's own accept test on the uniforms it drew
+   (`generate_uniform_probs`, noted on the way) and samples just those rows, one uniform each
+   (from the request's generator when seeded) through the residual's cumulative sum:
+   `rejection_sample` 558 -> 181 µs at 8 requests x 8 drafts, 136 -> 122 µs at 1. The
+   distribution is vLLM's (tests/integration/test_vllm_fixes.py); a seeded request's stream
+   is another one, still the same for the same seed and drafts. With a padded draft (-1)
+   every position is resampled, as vLLM does.
 """
 
 import logging
@@ -163,7 +167,7 @@ def _patch_generators() -> None:
     GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
 
 
-# ---- 3. recovered tokens' noise ------------------------------------------------------------
+# ---- 3. recovered tokens ------------------------------------------------------------------
 
 class _UniformsSeen(threading.local):
     """The uniforms `rejection_sample` just drew for its accept test (this thread's last)."""
@@ -208,8 +212,10 @@ def _first_rejected(uniforms, cu_num_draft_tokens, draft_token_ids, draft_probs,
 
 def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
                            target_probs, sampling_metadata, device, use_fp64_gumbel: bool = False):
-    """vLLM's `sample_recovered_tokens`, for the positions that are read back, with its Exp(1)
-    noise drawn as -log(U), U ~ U[0, 1) (the same generators, one row per request)."""
+    """vLLM's `sample_recovered_tokens` for the positions that are read back: a sample of each
+    one's residual distribution by one uniform per position (the same generators as vLLM's)
+    through its cumulative sum, instead of the Gumbel-max over batch x vocabulary exponentials.
+    (`use_fp64_gumbel` has nothing to choose: the sums are float64.)"""
     import torch
 
     uniforms, _uniforms_seen.value = _uniforms_seen.value, None
@@ -221,6 +227,7 @@ def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, 
     else:
         rows, requests = _first_rejected(uniforms, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs)
     recovered = torch.zeros_like(draft_token_ids)
+    vocab_size = target_probs.shape[-1]
     if rows.numel() == 0:
         return recovered
     if draft_probs is None:  # a one-hot proposal: the residual is the target without the draft token
@@ -230,43 +237,30 @@ def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, 
         residual[torch.arange(rows.shape[0])[drafted], ids[drafted]] = 0
     else:
         residual = (target_probs[rows] - draft_probs[rows]).clamp_(min=0)
-    uniform = torch.rand(residual.shape, dtype=torch.float64, device=device)
+    # One uniform per row, inverted through the residual's cumulative sum: the first token whose
+    # cumulative mass exceeds u * total, so a token of mass 0 (the draft's) is never chosen.
+    uniform = torch.rand((rows.shape[0], 1), dtype=torch.float64, device=device)
     generators = sampling_metadata.generators
     for k, request in enumerate(requests):
         if request in generators:
             uniform[k].uniform_(generator=generators[request])
-    # score = p / q with q = -log(U) ~ Exp(1): argmax is a sample of p (normalised). U = 0 gives
-    # a score of 0 (-1 / -inf = 0), which is never chosen over a positive one.
-    inv_q = uniform.log_().reciprocal_().neg_()
-    dtype = torch.float64 if use_fp64_gumbel else torch.float32
-    score = residual.to(dtype) * inv_q.to(dtype)
-    recovered[rows] = score.argmax(dim=-1).to(recovered.dtype)
+    cumulative = residual.cumsum(dim=-1, dtype=torch.float64)
+    chosen = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)[:, 0]
+    # u * total rounding up to total (about 2^-53): the last token with mass; an empty residual: 0
+    # (as vLLM's kernel, whose scores are then all 0).
+    over = chosen >= vocab_size
+    if bool(over.any()):
+        chosen[over] = (cumulative[over] < cumulative[over][:, -1:]).sum(dim=-1)
+    recovered[rows] = chosen.to(recovered.dtype)
     return recovered
 
 
-def _exponential_is_slow() -> Optional[str]:
-    import time
-
-    import torch
-
+def _recovered_on_cpu() -> Optional[str]:
     if not vllm_seam.resolve("current_platform").is_cpu():
-        return None  # on GPUs vLLM's draw is one fast kernel
-    vllm_seam.resolve("sample_recovered_tokens")  # the functions this fix replaces are there
+        return None  # on a GPU vLLM's draw is one kernel launch
+    vllm_seam.resolve("sample_recovered_tokens")  # the functions this fix wraps are there
     vllm_seam.resolve("generate_uniform_probs")
-    q = torch.empty(8, 2048)
-
-    def best_us(draw: Callable[[], object]) -> float:
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            draw()
-            times.append(time.perf_counter() - start)
-        return min(times) * 1e6
-
-    # Applied on every CPU (the same distribution either way); the figures are for the log.
-    slow = best_us(lambda: q.exponential_())
-    fast = best_us(lambda: torch.rand(q.shape, dtype=torch.float64).log_().reciprocal_().neg_())
-    return f"torch exponential_ {slow:.0f} µs, -log(rand) {fast:.0f} µs for 8 x 2048 values"
+    return "CPU sampling (torch exponential_ 5-7x slower than rand)"
 
 
 def _patch_recovered() -> None:
@@ -284,9 +278,9 @@ FIXES = (
     Fix("cpu_generator_rewind",
         "on CPU, a seeded request whose prefill is chunked stops the engine (generator offset)",
         _cpu_generators_lack_offset, _patch_generators),
-    Fix("recovered_token_noise",
-        "on CPU, every verify step draws batch x vocabulary exponentials with torch's slow exponential_",
-        _exponential_is_slow, _patch_recovered),
+    Fix("recovered_tokens",
+        "on CPU, every verify step resamples every draft position from batch x vocabulary slow exponential_ draws",
+        _recovered_on_cpu, _patch_recovered),
 )
 
 
