@@ -51,8 +51,12 @@ def run(n, seeded=False):
     return [[tuple(row) for row in rs.rejection_sample(draft, [K] * B, K, cu, None, logits.clone(), bonus,
                                                        Meta).tolist()] for _ in range(n)]
 
-out = {"vllm": run(steps)}
+# The reference arm is vLLM's own code: nothing (a plugin hook) patched it before this point.
+out = {"unpatched": [getattr(rs, name).__module__ == rs.__name__
+                     for name in ("sample_recovered_tokens", "generate_uniform_probs")]}
+out["vllm"] = run(steps)
 vllm_fixes._patch_recovered()
+out["patched"] = rs.sample_recovered_tokens is vllm_fixes._fast_recovered_tokens
 out["fixed"] = run(steps)
 out["seeded"] = [run(50, seeded=True), run(50, seeded=True)]
 padded = draft.clone(); padded[4] = -1  # a padded draft: every position is resampled
@@ -81,6 +85,7 @@ def _request(outputs, i):
 
 
 def test_the_fix_keeps_vllms_verify_distribution_and_a_wrong_residual_is_caught(steps):
+    assert steps["unpatched"] == [True, True] and steps["patched"] is True, (steps["unpatched"], steps["patched"])
     for i in range(3):
         fixed = exactness.two_sample(_request(steps["vllm"], i), _request(steps["fixed"], i), permutations=2000)
         wrong = exactness.two_sample(_request(steps["vllm"], i), _request(steps["wrong"], i), permutations=2000)
