@@ -1,7 +1,8 @@
 """vLLM's rejection sampler on CPU with and without `worker/vllm_fixes.py`'s recovered-token fix.
 
-The fix (`recovered_token_noise`) replaces how vLLM 0.32 resamples a rejected draft position:
-the Gumbel noise is drawn another way and only for the positions read back. It must not change
+The fix (`recovered_tokens`) replaces how vLLM 0.32 resamples a rejected draft position: only
+the positions read back, one uniform each through the residual's cumulative sum, instead of a
+Gumbel-max over batch x vocabulary exponentials at every position. It must not change
 what a verify step returns, in distribution: real `rejection_sample` of the installed vLLM (its
 CPU kernels), a small vocabulary with rejections at every position, many steps, vLLM's own
 outputs against the fixed ones by the same two-sample test as the drafting layer's exactness
