@@ -57,7 +57,7 @@ def fixed_schema_bodies(count: int, max_tokens: int, temperature: float) -> List
     return bodies
 
 
-def variants(length: int, sweep: Sequence[float]) -> List[Tuple[str, List[str]]]:
+def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -> List[Tuple[str, List[str]]]:
     spec = ["--enable-dspark", f"--dspark-speculative-length={length}"]
     out = [
         ("no speculation", []),
@@ -73,6 +73,13 @@ def variants(length: int, sweep: Sequence[float]) -> List[Tuple[str, List[str]]]
     out += [("forced + statistical, xgrammar only", spec + ["--dspark-drafting=forced+statistical",
                                                             *XGRAMMAR_ONLY]),
             (LLGUIDANCE_VARIANT, spec + ["--dspark-drafting=forced+statistical"])]
+    # Other lengths come last, so the numbers above stay what docs and commands name.
+    for n in lengths:
+        out += [(f"forced + statistical, length {n}", ["--enable-dspark", f"--dspark-speculative-length={n}",
+                                                        "--dspark-drafting=forced+statistical"]),
+                (f"forced + statistical, auto, max {n}", ["--enable-dspark", "--dspark-speculative-length=auto",
+                                                          f"--dspark-speculative-max={n}",
+                                                          "--dspark-drafting=forced+statistical"])]
     return out
 
 
@@ -160,6 +167,9 @@ def main(argv=None) -> None:
     parser.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: unset)")
     parser.add_argument("--length", type=int, default=8, help="speculative length of every variant")
     parser.add_argument("--sweep", default="0.5,0.7,0.9", help="extra thresholds for forced + statistical")
+    parser.add_argument("--lengths", default="",
+                        help="other lengths (1-16): per length, forced + statistical at that fixed length and "
+                             "`auto` with that maximum, numbered after every other variant")
     parser.add_argument("--only", default="", help="comma-separated variant numbers to run (1-based)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with more than 1: every variant's replica up at once, each round running every "
@@ -169,7 +179,7 @@ def main(argv=None) -> None:
     model, model_args = resolve(args.model)
 
     sweep = [float(t) for t in args.sweep.split(",") if t]
-    chosen = variants(args.length, sweep)
+    chosen = variants(args.length, sweep, [int(n) for n in args.lengths.split(",") if n])
     if args.only:
         chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
     levels = [int(c) for c in str(args.concurrency).split(",") if c]
