@@ -57,29 +57,35 @@ def fixed_schema_bodies(count: int, max_tokens: int, temperature: float) -> List
     return bodies
 
 
+FORCED_STATISTICAL = "--dspark-drafting=forced+statistical"
+
+
+def fixed_length(n: int) -> List[str]:
+    return ["--enable-dspark", f"--dspark-speculative-length={n}"]
+
+
+def auto_up_to(n: int) -> List[str]:
+    return ["--enable-dspark", "--dspark-speculative-length=auto", f"--dspark-speculative-max={n}", FORCED_STATISTICAL]
+
+
 def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -> List[Tuple[str, List[str]]]:
-    spec = ["--enable-dspark", f"--dspark-speculative-length={length}"]
+    spec = fixed_length(length)
     out = [
         ("no speculation", []),
         ("base drafter only (vLLM n-gram)", spec + ["--dspark-drafting=off"]),
         ("statistical only", spec + ["--dspark-drafting=statistical"]),
         ("forced only", spec + ["--dspark-drafting=forced"]),
-        ("forced + statistical", spec + ["--dspark-drafting=forced+statistical"]),
-        ("forced + statistical, auto", ["--enable-dspark", "--dspark-speculative-length=auto",
-                                        f"--dspark-speculative-max={length}", "--dspark-drafting=forced+statistical"]),
+        ("forced + statistical", spec + [FORCED_STATISTICAL]),
+        ("forced + statistical, auto", auto_up_to(length)),
     ]
-    out += [(f"forced + statistical, threshold {t}", spec + ["--dspark-drafting=forced+statistical",
-                                                             f"--dspark-accept-threshold={t}"]) for t in sweep]
-    out += [("forced + statistical, xgrammar only", spec + ["--dspark-drafting=forced+statistical",
-                                                            *XGRAMMAR_ONLY]),
-            (LLGUIDANCE_VARIANT, spec + ["--dspark-drafting=forced+statistical"])]
+    out += [(f"forced + statistical, threshold {t}", spec + [FORCED_STATISTICAL, f"--dspark-accept-threshold={t}"])
+            for t in sweep]
+    out += [("forced + statistical, xgrammar only", spec + [FORCED_STATISTICAL, *XGRAMMAR_ONLY]),
+            (LLGUIDANCE_VARIANT, spec + [FORCED_STATISTICAL])]
     # Other lengths come last, so the numbers above stay what docs and commands name.
     for n in lengths:
-        out += [(f"forced + statistical, length {n}", ["--enable-dspark", f"--dspark-speculative-length={n}",
-                                                        "--dspark-drafting=forced+statistical"]),
-                (f"forced + statistical, auto, max {n}", ["--enable-dspark", "--dspark-speculative-length=auto",
-                                                          f"--dspark-speculative-max={n}",
-                                                          "--dspark-drafting=forced+statistical"])]
+        out += [(f"forced + statistical, length {n}", fixed_length(n) + [FORCED_STATISTICAL]),
+                (f"forced + statistical, auto, max {n}", auto_up_to(n))]
     return out
 
 
