@@ -16,6 +16,7 @@
     ['acceptance_rate', 'Acceptance rate', pct],
     ['tokens_per_forward', 'Tokens / forward pass', fmt(2)],
     ['format_errors', 'JSON format errors', fmt(0)],
+    ['prefix_cache_hit_rate', 'Prefix-cache hit rate', pct],
     ['withheld', 'Withheld replies', fmt(0)]
   ];
   var KNOBS = [
@@ -79,6 +80,18 @@
     return r.speculative_length == null ? '–' : 'length ' + r.speculative_length + (r.method ? ' (' + r.method + ')' : '');
   }
 
+  // Affinity routing at a replica: keys it holds, requests spilled in from a full home, its
+  // prefix-cache hit rate and grammar compiles since it started.
+  function affinity(a) {
+    if (!a) return '–';
+    var parts = [];
+    if (a.keys != null) parts.push(a.keys + ' keys');
+    if (a.spilled_in) parts.push(a.spilled_in + ' spilled in');
+    if (a.prefix_cache_hit_rate != null) parts.push('prefix cache ' + Math.round(a.prefix_cache_hit_rate * 100) + '% hits');
+    if (a.grammar_compiles != null) parts.push(a.grammar_compiles + ' grammar compiles');
+    return parts.length ? parts.join(' · ') : '–';
+  }
+
   function renderLive(d) {
     var stats = el('div', {'class': 'ds-stats'}, FIGURES.map(function (f) {
       return el('div', {'class': 'ds-stat', 'data-testid': 'figure-' + f[0]}, [
@@ -93,12 +106,13 @@
         el('td', {}, [phaseTag(r), el('div', {'class': 'muted', text: r.info_error || r.phase_reason || ''})]),
         el('td', {text: r.warmup_s == null ? '–' : Number(r.warmup_s).toFixed(1) + ' s'}),
         el('td', {'data-testid': 'in-flight', text: String(r.in_flight)}),
-        el('td', {text: r.worker || '–'}), el('td', {'class': 'muted', text: speculation(r)})
+        el('td', {text: r.worker || '–'}), el('td', {'class': 'muted', text: speculation(r)}),
+        el('td', {'data-testid': 'affinity', 'class': 'muted', text: affinity(r.affinity)})
       ]);
     });
     var table = rows.length ? el('table', {}, [
       el('thead', {}, [el('tr', {}, ['Replica', 'GPUStack state', 'Replica phase', 'Warmup', 'In flight', 'Worker',
-        'Speculation'].map(function (h) { return el('th', {text: h}); }))]),
+        'Speculation', 'Affinity'].map(function (h) { return el('th', {text: h}); }))]),
       el('tbody', {}, rows)]) : el('div', {'class': 'ds-state', 'data-state': 'empty', text: 'No replicas yet.'});
     return el('div', {}, [
       el('div', {'class': 'muted', text: 'Totals: ' + (d.totals.format_errors || 0) + ' JSON format errors, ' +

@@ -5,7 +5,10 @@ The same quantities as the recording rules in `deploy/prometheus/dspark-rules.ym
 output tokens/s (`vllm:generation_tokens_total`), acceptance rate (accepted / drafted
 tokens), tokens per forward pass (1 + accepted / drafts), P50/P99 end-to-end latency from
 the histogram's bucket increase; plus replies withheld for breaking the schema
-(`dspark_schema_violations_total`) and the proxy's JSON format errors.
+(`dspark_schema_violations_total`) and the proxy's JSON format errors; and what affinity
+routing saves: the prefix-cache hit rate (`vllm:prefix_cache_hits_total` / `_queries_total`,
+in prompt tokens) and grammar compiles (`dspark_grammar_compiles_total`, schemas new to the
+replica).
 """
 
 import math
@@ -19,6 +22,9 @@ COUNTERS = {
     "vllm:spec_decode_num_drafts_total": "drafts",
     "vllm:e2e_request_latency_seconds_count": "requests",
     "dspark_schema_violations_total": "withheld",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "dspark_grammar_compiles_total": "grammar_compiles",
 }
 LATENCY_BUCKET = "vllm:e2e_request_latency_seconds_bucket"
 
@@ -94,7 +100,13 @@ def quantile(q: float, buckets: List[Tuple[float, float]]) -> Optional[float]:
 
 
 FIGURE_KEYS = ("output_tokens_per_s", "acceptance_rate", "tokens_per_forward", "latency_p50_s",
-               "latency_p99_s", "requests_per_s", "withheld")
+               "latency_p99_s", "requests_per_s", "withheld", "prefix_cache_hit_rate", "grammar_compiles")
+
+
+def hit_rate(values: Dict[str, float]) -> Optional[float]:
+    """Prefix-cache hits / queries (prompt tokens found cached), None without queries."""
+    queries = values.get("prefix_cache_queries", 0.0)
+    return values.get("prefix_cache_hits", 0.0) / queries if queries > 0 else None
 
 
 def rates(inc: Optional[Counters], dt_s: float) -> Dict[str, Optional[float]]:
@@ -113,6 +125,8 @@ def rates(inc: Optional[Counters], dt_s: float) -> Dict[str, Optional[float]]:
         "latency_p99_s": quantile(0.99, buckets),
         "requests_per_s": v.get("requests", 0.0) / dt_s,
         "withheld": v.get("withheld", 0.0),
+        "prefix_cache_hit_rate": hit_rate(v),
+        "grammar_compiles": v.get("grammar_compiles", 0.0),
     }
 
 

@@ -71,7 +71,7 @@ class ConsoleSampler:
         self.report = report
         self.interval_s = interval_s
         self.series = SeriesStore(window_s, interval_s)
-        self._latest: List[Tuple[Dict[str, Any], List[Dict[str, Any]], Dict, Dict]] = []
+        self._latest: List[Tuple[Dict[str, Any], List[Dict[str, Any]], Dict, Dict, Dict]] = []
         self._prev: Dict[Any, Tuple[float, Dict[Any, figures.Counters], int]] = {}
         self._totals: Dict[Any, Dict[str, float]] = {}
         self.last_sample_at: Optional[float] = None
@@ -118,7 +118,7 @@ class ConsoleSampler:
             totals["withheld"] = sum(int(((info or {}).get("requests") or {}).get("schema_violations", 0))
                                      for info in infos.values())
             self.series.add(model["id"], now, point)
-            latest.append((model, instances, infos, info_errors))
+            latest.append((model, instances, infos, info_errors, counters))
         ids = [m["id"] for m, _ in deployments]
         self.series.keep_only(ids)
         for gone in [k for k in self._prev if k not in ids]:
@@ -131,8 +131,9 @@ class ConsoleSampler:
         now = time.time()
         in_flight = self.in_flight()
         deployments = [view.deployment_view(model, instances, infos, info_errors, in_flight,
-                                            self.series.get(model["id"], now), self._totals.get(model["id"], {}))
-                       for model, instances, infos, info_errors in self._latest]
+                                            self.series.get(model["id"], now), self._totals.get(model["id"], {}),
+                                            counters)
+                       for model, instances, infos, info_errors, counters in self._latest]
         sampler = {"interval_s": self.interval_s, "window_s": self.series.window_s,
                    "last_sample_at": self.last_sample_at, "error": self.error}
         return view.console_view(deployments, features, sampler, now)

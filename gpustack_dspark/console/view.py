@@ -4,12 +4,14 @@ the latest figures and the last hour of them, and the plugin's features."""
 
 from typing import Any, Dict, List, Mapping, Optional
 
+from gpustack_dspark.console.figures import Counters, hit_rate
 from gpustack_dspark.knobs import KNOBS_BY_FLAG, scan_knob_tokens
 
 # The replica's phases (worker/state.py) as the console names them.
 PHASE_NAMES = {"loading": "loading", "warming": "warming", "ready": "warm", "failed": "failed"}
 FIGURES = ("output_tokens_per_s", "latency_p50_s", "latency_p99_s", "acceptance_rate",
-           "tokens_per_forward", "requests_per_s", "withheld", "format_errors")
+           "tokens_per_forward", "requests_per_s", "withheld", "format_errors", "prefix_cache_hit_rate",
+           "grammar_compiles")
 
 
 def knob_values(backend_parameters: Optional[List[str]]) -> Dict[str, Optional[str]]:
@@ -23,8 +25,23 @@ def knob_values(backend_parameters: Optional[List[str]]) -> Dict[str, Optional[s
     return out
 
 
+def affinity_view(routing: Optional[Mapping[str, Any]], counters: Optional[Counters]) -> Dict[str, Any]:
+    """Affinity at one replica: the proxy's counts (keys whose last request came here, requests
+    at their key's home, requests spilled in from a full home) and the replica's own cache
+    figures since it started (prefix-cache hit rate, grammar compiles)."""
+    routing = routing or {}
+    values = counters.values if counters else {}
+    rate = hit_rate(values)
+    return {"keys": routing.get("affinity_keys"), "home": routing.get("affinity_home"),
+            "spilled_in": routing.get("affinity_spilled_in"),
+            "prefix_cache_hit_rate": None if rate is None else round(rate, 4),
+            "prefix_cache_queries": values.get("prefix_cache_queries"),
+            "grammar_compiles": values.get("grammar_compiles")}
+
+
 def replica_view(instance: Mapping[str, Any], info: Optional[Mapping[str, Any]], info_error: Optional[str],
-                 in_flight: Optional[int]) -> Dict[str, Any]:
+                 in_flight: Optional[int], routing: Optional[Mapping[str, Any]] = None,
+                 counters: Optional[Counters] = None) -> Dict[str, Any]:
     state = str(instance.get("state") or "").lower()
     out: Dict[str, Any] = {
         "id": instance.get("id"),
@@ -36,6 +53,7 @@ def replica_view(instance: Mapping[str, Any], info: Optional[Mapping[str, Any]],
         "in_flight": in_flight or 0,
         "phase": None, "phase_reason": None, "warmup_s": None, "method": None,
         "speculative_length": None, "speculation": None, "info_error": info_error,
+        "affinity": affinity_view(routing, counters),
     }
     if info:
         warmup = info.get("warmup") or {}
@@ -54,9 +72,10 @@ def replica_view(instance: Mapping[str, Any], info: Optional[Mapping[str, Any]],
 def deployment_view(model: Mapping[str, Any], instances: List[Mapping[str, Any]],
                     infos: Mapping[Any, Mapping[str, Any]], info_errors: Mapping[Any, str],
                     in_flight: Mapping[Any, Mapping[str, Any]], series: Mapping[str, List],
-                    totals: Mapping[str, Any]) -> Dict[str, Any]:
+                    totals: Mapping[str, Any], counters: Optional[Mapping[Any, Counters]] = None) -> Dict[str, Any]:
     replicas = [replica_view(i, infos.get(i.get("id")), info_errors.get(i.get("id")),
-                             (in_flight.get(i.get("id")) or {}).get("in_flight"))
+                             (in_flight.get(i.get("id")) or {}).get("in_flight"), in_flight.get(i.get("id")),
+                             (counters or {}).get(i.get("id")))
                 for i in sorted(instances, key=lambda i: i.get("id") or 0)]
     latest = {name: (points[-1][1] if points else None) for name, points in
               ((n, series.get(n) or []) for n in FIGURES)}

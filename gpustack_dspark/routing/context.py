@@ -21,6 +21,7 @@ class RequestSlot:
     retried: bool = False
     model: Optional[str] = None  # the request's model name (format-check metrics)
     schema: Any = None  # the JSON schema the request asked for, if any
+    affinity_key: Any = None  # affinity.AffinityKey: what it shares with other requests, if anything
     chosen_at: float = 0.0  # monotonic time the current instance was chosen
     output_tokens: Optional[int] = None  # of the answer, as the proxy saw it
     status: Optional[int] = None  # the HTTP status sent to the client

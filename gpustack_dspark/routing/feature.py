@@ -127,6 +127,7 @@ class RoutingFeature(Feature):
             "in_flight_total": self.tracker.total(),
             "slow_start": {"ramping": {str(k): v for k, v in self.tracker.ramping().items()},
                            "ramps_started": self.tracker.slow_start.ramps_started},
+            "affinity": self._affinity_status(),
             "tables": self.tracker.sizes(),
             "unmatched_releases": self.tracker.unmatched_releases,
             "decisions": dict(self.stats.decisions),
@@ -141,8 +142,18 @@ class RoutingFeature(Feature):
             "gc": {"freeze": bool(self.policy and self.policy.proxy.gc_freeze), **self.gc.snapshot()},
             "json_format_checks": self.format_stats.totals(),
             "metrics": [metrics.IN_FLIGHT, metrics.WEIGHT, metrics.SERVICE_TIME, metrics.DECISIONS + "_total", metrics.RETRIES + "_total",
+                        metrics.AFFINITY + "_total", metrics.AFFINITY_KEYS,
                         metrics.JSON_CHECKED + "_total", metrics.JSON_FORMAT_ERRORS + "_total"],
         }
+
+    def _affinity_status(self) -> Dict[str, Any]:
+        """Affinity's counters: per instance, requests at their key's home, requests spilled
+        in from a full home, and the keys it got last (of the last 4,096)."""
+        snapshot = self.tracker.affinity_snapshot()
+        snapshot["active"] = bool(snapshot["enabled"] and self.policy
+                                  and self.policy.proxy.balance.value != "round_robin")
+        snapshot["instances"] = {str(k): v for k, v in snapshot["instances"].items()}
+        return snapshot
 
 
 class GatewayRoutes(Feature):

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from gpustack_dspark import backend
 from gpustack_dspark import gpustack_seam as seam
 from gpustack_dspark.gpustack_seam import PatchResult
-from gpustack_dspark.routing import retry, silence, stream_end, targets, upstream_status
+from gpustack_dspark.routing import affinity, retry, silence, stream_end, targets, upstream_status
 from gpustack_dspark.routing.context import RequestSlot, current_slot
 from gpustack_dspark.routing.inflight import InFlightTracker
 from gpustack_dspark.routing.speed import LEAST_CONNECTIONS, ROUND_ROBIN
@@ -184,7 +184,8 @@ def make_strategy(base_class, tracker: InFlightTracker, mode: str = LEAST_CONNEC
             by_id = {instance.id: instance for instance in instances}
             group = instances[0].model_id
             tracker.see(group, [(i.id, getattr(i, "restart_count", None)) for i in instances])
-            chosen = by_id[tracker.choose(group, list(by_id), mode)]
+            key = slot.affinity_key if slot is not None else None
+            chosen = by_id[tracker.choose(group, list(by_id), mode, key)]
             if slot is not None:
                 slot.candidates = list(instances)
                 _take(tracker, slot, chosen)
@@ -193,8 +194,8 @@ def make_strategy(base_class, tracker: InFlightTracker, mode: str = LEAST_CONNEC
     return BalancingStrategy
 
 
-def parse_request_body_hook(original: Callable) -> Callable:
-    """Note the request's JSON intent, stream flag, model and schema in the slot."""
+def parse_request_body_hook(original: Callable, tracker: InFlightTracker) -> Callable:
+    """Note the request's JSON intent, stream flag, model, schema and affinity key in the slot."""
 
     async def parse_request_body(request):
         parsed = await original(request)
@@ -205,6 +206,12 @@ def parse_request_body_hook(original: Callable) -> Callable:
             slot.stream = bool(stream)
             slot.model = model_name if isinstance(model_name, str) else None
             slot.schema = requested_schema(body_json) if slot.json_intent else None
+            config = tracker.affinity_config
+            if config.enabled:
+                try:
+                    slot.affinity_key = affinity.request_keys(slot.model, body_json, config)
+                except Exception:  # a body the key cannot read is balanced by load, never refused here
+                    logger.debug("no affinity key for this request", exc_info=True)
         return parsed
 
     return parse_request_body
@@ -223,7 +230,7 @@ async def _next_attempt(ctx: "_Context", slot: RequestSlot, worker, headers) -> 
     slot.retried = True
     ctx.stats.retries["retried"] += 1
     by_id = {i.id: i for i in others}
-    instance = by_id[ctx.tracker.choose(others[0].model_id, list(by_id), ctx.mode)]
+    instance = by_id[ctx.tracker.choose(others[0].model_id, list(by_id), ctx.mode, slot.affinity_key)]
     _take(ctx.tracker, slot, instance)
     logger.info("retrying a request on instance %s after instance %s received nothing",
                 instance.id, sorted(slot.tried - {instance.id}))
@@ -532,7 +539,7 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
 
     ctx = _Context(policy, tracker, stats, gs, probe_request=openai.request_to_worker)
     stats.worker_snapshots = ctx.workers
-    tracker.configure(policy.proxy.slow_start.config())
+    tracker.configure(policy.proxy.slow_start.config(), policy.proxy.affinity.config())
     originals = {"parse_request_body": openai.parse_request_body, "request_to_worker": openai.request_to_worker,
                  "_stream_response": openai._stream_response, "ModelRouteService": openai.ModelRouteService}
     applied: List[str] = []
@@ -540,8 +547,10 @@ def apply_routing_hooks(policy: RoutingPolicy, tracker: InFlightTracker, stats: 
     applied.append(ctx.mode if ctx.mode != ROUND_ROBIN else "round_robin_counted")
     if ctx.mode != ROUND_ROBIN and policy.proxy.slow_start.ramp_s > 0:
         applied.append("slow_start")
-    openai.parse_request_body = parse_request_body_hook(originals["parse_request_body"])
+    openai.parse_request_body = parse_request_body_hook(originals["parse_request_body"], tracker)
     applied.append("json_intent")
+    if ctx.mode != ROUND_ROBIN and policy.proxy.affinity.enabled:
+        applied.append("affinity")
     if policy.proxy.json_aware:
         openai.ModelRouteService = route_service_hook(originals["ModelRouteService"], ctx)
         applied.append("json_aware_targets")

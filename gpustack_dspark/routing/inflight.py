@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from gpustack_dspark.routing import affinity
 from gpustack_dspark.routing.speed import (
     EXPECTED_FINISH_TIME, LEAST_CONNECTIONS, ROUND_ROBIN, ServiceTimes, SlowStart, SlowStartConfig, pick,
 )
@@ -36,10 +37,15 @@ class InFlightTracker:
         self.times = ServiceTimes(alpha=ewma_alpha, stale_tau_s=stale_tau_s)
         self.slow_start = SlowStart(slow_start or SlowStartConfig())
         self.unmatched_releases = 0  # a release with nothing to release: a bug if ever > 0
+        self.affinity_config = affinity.AffinityConfig()
+        self.affinity = affinity.Ledger()
 
-    def configure(self, slow_start: SlowStartConfig) -> None:
+    def configure(self, slow_start: SlowStartConfig,
+                  affinity_config: Optional[affinity.AffinityConfig] = None) -> None:
         with self._lock:
             self.slow_start.config = slow_start
+            if affinity_config is not None:
+                self.affinity_config = affinity_config
 
     def acquire(self, instance_id: int, model_id: Optional[int]) -> None:
         with self._lock:
@@ -70,6 +76,7 @@ class InFlightTracker:
         keep = set(self._counts)
         self.times.forget(keep)
         self.slow_start.forget(keep)
+        self.affinity.forget(keep)
 
     def record(self, instance_id: int, seconds: float, tokens: int) -> None:
         """A successful answer of `instance_id`: `seconds` from choice to last byte, `tokens` output."""
@@ -86,10 +93,14 @@ class InFlightTracker:
         with self._lock:
             self.slow_start.see(group, instances, self._clock())
 
-    def choose(self, group: int, candidates: Sequence[int], mode: str = LEAST_CONNECTIONS) -> int:
+    def choose(self, group: int, candidates: Sequence[int], mode: str = LEAST_CONNECTIONS,
+               key: Optional[affinity.AffinityKey] = None) -> int:
         """The instance for the next request of `group` (a model) among `candidates`:
         round-robin by this group's turn, least in-flight, or earliest expected finish;
-        the last two weighted by slow start."""
+        the last two weighted by slow start. A request with an affinity `key` (and affinity
+        on) goes first to its place on the ring within the load bound (affinity.py); when
+        every candidate is at its bound, by the balance like any other. Round-robin is
+        GPUStack's own order for every request, keyed or not."""
         with self._lock:
             turn = self._turns.get(group, 0)
             self._turns[group] = turn + 1
@@ -100,7 +111,20 @@ class InFlightTracker:
             weights = {c: self.slow_start.weight(c, now) for c in candidates}
             estimates = ({c: self.times.estimate(c, now) for c in candidates}
                          if mode == EXPECTED_FINISH_TIME else None)
+            if self.affinity_config.enabled:
+                if key is None:
+                    self.affinity.unkeyed()
+                else:
+                    chosen = self.affinity.choose(key, candidates, self._counts, self.affinity_config.load_bound,
+                                                  affinity.speed_shares(candidates, estimates, weights))
+                    if chosen is not None:
+                        return chosen
             return pick(candidates, self._counts, turn, estimates, weights)
+
+    def affinity_snapshot(self) -> Dict:
+        with self._lock:
+            return {"enabled": self.affinity_config.enabled, "load_bound": self.affinity_config.load_bound,
+                    "prefix_bytes": self.affinity_config.prefix_bytes, **self.affinity.snapshot()}
 
     def count(self, instance_id: int) -> int:
         with self._lock:
@@ -110,13 +134,17 @@ class InFlightTracker:
         with self._lock:
             now = self._clock()
             out = {}
+            keys = self.affinity.keys_per_instance()
             for instance_id in sorted(set(self._counts) | set(self._model_of)):
                 estimate = self.times.estimate(instance_id, now)
+                placed = self.affinity.per_instance.get(instance_id, {})
                 out[instance_id] = {
                     "in_flight": self._counts.get(instance_id, 0), "model_id": self._model_of.get(instance_id),
                     "seconds_per_token": None if estimate is None else round(estimate, 6),
                     "samples": self.times.samples(instance_id),
                     "weight": round(self.slow_start.weight(instance_id, now), 4),
+                    "affinity_keys": keys.get(instance_id, 0), "affinity_home": placed.get("home", 0),
+                    "affinity_spilled_in": placed.get("spilled_in", 0),
                 }
             return out
 

@@ -14,6 +14,11 @@ default registry, so registering here is all it takes. Names:
 - `dspark_routing_retries_total{outcome}` counter: outcome retried (sent to another
   instance), no_other_instance (nothing to retry on), broken_streams or silent_given_up (a
   try whose replica sent nothing for `proxy.silence_timeout_s` and failed its health check).
+- `dspark_routing_affinity_total{outcome}` counter: requests with an affinity key sent to their
+  key's home replica (home), to the next one on the ring past a full home (spilled), by load
+  because every replica was at its bound (all_full); unkeyed: no schema or shared prefix.
+- `dspark_routing_affinity_keys{instance_id}` gauge: affinity keys whose last request went to
+  the instance (of the last 4,096 keys seen).
 - `dspark_json_responses_checked_total{model_name, model_instance_id, result}` counter: JSON replies
   checked in the proxy (format_check.py); result ok / not_json / schema_mismatch /
   truncated / unchecked.
@@ -33,6 +38,8 @@ WEIGHT = "dspark_routing_instance_weight"
 SERVICE_TIME = "dspark_routing_seconds_per_token"
 DECISIONS = "dspark_routing_decisions"
 RETRIES = "dspark_routing_retries"
+AFFINITY = "dspark_routing_affinity"
+AFFINITY_KEYS = "dspark_routing_affinity_keys"
 JSON_CHECKED = "dspark_json_responses_checked"
 JSON_FORMAT_ERRORS = "dspark_json_format_errors"
 FORMAT_ERROR_RESULTS = ("not_json", "schema_mismatch")
@@ -75,6 +82,17 @@ class RoutingCollector:
         for outcome, count in sorted(self.retries().items()):
             retries.add_metric([outcome], count)
         yield retries
+        affinity = self.tracker.affinity_snapshot()
+        outcomes = CounterMetricFamily(AFFINITY, "Requests by affinity outcome (home, spilled, all_full, unkeyed)",
+                                       labels=["outcome"])
+        for outcome, count in sorted(affinity["outcomes"].items()):
+            outcomes.add_metric([outcome], count)
+        yield outcomes
+        keys = GaugeMetricFamily(AFFINITY_KEYS, "Affinity keys whose last request went to the instance",
+                                 labels=["instance_id"])
+        for instance_id, entry in affinity["instances"].items():
+            keys.add_metric([str(instance_id)], entry["keys"])
+        yield keys
         checked = CounterMetricFamily(JSON_CHECKED, "JSON replies checked in the proxy, by result",
                                       labels=["model_name", "model_instance_id", "result"])
         errors = CounterMetricFamily(JSON_FORMAT_ERRORS, "JSON replies that do not parse or break the requested schema",

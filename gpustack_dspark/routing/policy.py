@@ -7,7 +7,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpustack_dspark.policy_file import PolicyError, read_policy_yaml, validate
-from gpustack_dspark.routing import speed
+from gpustack_dspark.routing import affinity, speed
 
 MAX_SILENCE_TIMEOUT_S = 3600
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[2] / "policies" / "routing.yaml"
@@ -39,10 +39,28 @@ class SlowStartPolicy(BaseModel):
         return speed.SlowStartConfig(self.ramp_s, self.min_weight, self.aggression)
 
 
+class AffinityPolicy(BaseModel):
+    """Requests that share a schema or a prompt prefix go to one replica within a load bound
+    (routing/affinity.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    # A replica takes a keyed request while its in-flight is below load_bound x its fair share
+    # of the fleet's in-flight (+1); past that the request goes to the next replica on the ring.
+    load_bound: float = Field(1.25, ge=1.0, le=10.0)
+    # Bytes of the prompt's leading part (every message but the last) that key a request, in
+    # whole blocks of 256; a leading part under one block keys by its schema only.
+    prefix_bytes: int = Field(4096, ge=affinity.BLOCK_BYTES, le=1 << 20)
+
+    def config(self) -> affinity.AffinityConfig:
+        return affinity.AffinityConfig(self.enabled, self.load_bound, self.prefix_bytes)
+
+
 class ProxyPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
     balance: Balance = Balance.EXPECTED_FINISH_TIME
     slow_start: SlowStartPolicy = SlowStartPolicy()
+    affinity: AffinityPolicy = AffinityPolicy()
     json_aware: bool = True
     retry_once: bool = True
     pass_replica_status: bool = True

@@ -26,11 +26,17 @@ vllm:e2e_request_latency_seconds_count{{model_name="m"}} {b2}
 vllm:e2e_request_latency_seconds_sum{{model_name="m"}} 1.0
 # TYPE dspark_schema_violations_total counter
 dspark_schema_violations_total{{model_name="m"}} {withheld}
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{{model_name="m"}} {queries}
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{{model_name="m"}} {hits}
+# TYPE dspark_grammar_compiles counter
+dspark_grammar_compiles_total{{model_name="m"}} {compiles}
 """
 
 
 def _metrics(**kw):
-    values = dict(gen=0, acc=0, draft=0, drafts=0, b1=0, b2=0, withheld=0)
+    values = dict(gen=0, acc=0, draft=0, drafts=0, b1=0, b2=0, withheld=0, queries=0, hits=0, compiles=0)
     values.update(kw)
     return figures.parse_metrics(METRICS.format(**values))
 
@@ -62,6 +68,10 @@ def test_figures_between_two_samples_match_the_recording_rules():
     # 10 requests: 4 under 0.5 s, 6 in (0.5, 1.0]: P50 = 0.5 + 0.5 * (5 - 4) / 6
     assert got["latency_p50_s"] == pytest.approx(0.5 + 0.5 / 6)
     assert 0.95 < got["latency_p99_s"] <= 1.0
+    assert got["prefix_cache_hit_rate"] is None and got["grammar_compiles"] == 0  # no prompts looked up
+    got = figures.rates(figures.increase(_metrics(queries=1000, hits=100, compiles=3),
+                                         _metrics(queries=3000, hits=1700, compiles=5)), 10.0)
+    assert got["prefix_cache_hit_rate"] == 0.8 and got["grammar_compiles"] == 2  # 1600 / 2000 prompt tokens
 
 
 def test_figures_without_drafts_or_history_are_none_and_a_restart_counts_from_zero():
@@ -93,8 +103,9 @@ def test_the_page_json_shapes_replicas_figures_and_in_flight():
     infos = {1: {"phase": "ready", "reason": "warm", "warmup": {"duration_s": 2.5}, "method": "ngram",
                  "speculative_length": 4, "drafting": {"budget": None}}}
     series = {"output_tokens_per_s": [(1.0, 3.0), (6.0, 5.0)]}
-    out = view.deployment_view(model, instances, infos, {2: "not reachable: ConnectError"},
-                               {1: {"in_flight": 3, "model_id": 7}}, series, {"format_errors": 1})
+    routing = {1: {"in_flight": 3, "model_id": 7, "affinity_keys": 4, "affinity_home": 40, "affinity_spilled_in": 2}}
+    out = view.deployment_view(model, instances, infos, {2: "not reachable: ConnectError"}, routing, series,
+                               {"format_errors": 1}, {1: _metrics(queries=200, hits=150, compiles=4)})
     assert [r["name"] for r in out["instances"]] == ["orders-a", "orders-b"]
     a, b = out["instances"]
     assert (a["phase"], a["warmup_s"], a["in_flight"], a["speculative_length"]) == ("warm", 2.5, 3, 4)
@@ -103,6 +114,9 @@ def test_the_page_json_shapes_replicas_figures_and_in_flight():
     assert out["knobs"] == {"--enable-dspark": "", "--dspark-speculative-length": "4"}
     assert out["figures"]["output_tokens_per_s"] == 5.0 and out["figures"]["acceptance_rate"] is None
     assert out["series"]["output_tokens_per_s"] == [[1.0, 3.0], [6.0, 5.0]]
+    assert a["affinity"] == {"keys": 4, "home": 40, "spilled_in": 2, "prefix_cache_hit_rate": 0.75,
+                             "prefix_cache_queries": 200.0, "grammar_compiles": 4.0}
+    assert b["affinity"]["prefix_cache_hit_rate"] is None and b["affinity"]["keys"] is None
 
 
 def test_the_editor_refuses_with_the_cli_and_api_message_and_changes_nothing():

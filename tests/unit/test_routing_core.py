@@ -86,7 +86,8 @@ def test_tracker_spreads_and_never_goes_negative():
     assert tracker.count(10) == 0 and tracker.total() == 0
     assert tracker.unmatched_releases == 1
     assert tracker.snapshot()[10] == {"in_flight": 0, "model_id": 7, "seconds_per_token": None, "samples": 0,
-                                      "weight": 1.0}
+                                      "weight": 1.0, "affinity_keys": 0, "affinity_home": 0,
+                                      "affinity_spilled_in": 0}
 
 
 def test_round_robin_mode_ignores_load():
@@ -142,6 +143,7 @@ def test_shipped_policy_file_is_valid_and_default():
     assert policy.proxy.balance.value == "expected_finish_time" and policy.proxy.slow_start.ramp_s == 30
     assert policy.proxy.retry_once and policy.gateway.least_load and not policy.proxy.gc_freeze
     assert policy.gateway.session_affinity.value == "off"
+    assert policy.proxy.affinity.enabled and policy.proxy.affinity.load_bound == 1.25
 
 
 @pytest.mark.parametrize("document, names", [
@@ -149,6 +151,10 @@ def test_shipped_policy_file_is_valid_and_default():
     ({"proxy": {"least_conections": True}}, ["proxy.least_conections"]),
     ({"version": 2}, ["key 'version'", "got 2", "allowed: 1"]),
     ({"gateway": {"sync_interval_s": 0}}, ["gateway.sync_interval_s"]),
+    ({"proxy": {"affinity": {"load_bound": 0.5}}}, ["proxy.affinity.load_bound", "0.5", "1"]),
+    ({"proxy": {"affinity": {"prefix_bytes": 100}}}, ["proxy.affinity.prefix_bytes", "100", "256"]),
+    ({"proxy": {"affinity": {"prefix": 100}}}, ["proxy.affinity.prefix", "prefix_bytes", "load_bound"]),
+    ({"proxy": {"affinity": {"enabled": "sometimes"}}}, ["proxy.affinity.enabled", "sometimes"]),
     (["a"], ["mapping"]),
 ])
 def test_bad_policy_names_field_value_and_allowed(document, names):

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Hashable, List, Optional, Sequence
 
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
@@ -31,6 +31,7 @@ logger = logging.getLogger("vllm.dspark.drafting")
 
 MAX_N = 4
 ENCODE_CACHE_SIZE = 4096
+GRAMMARS_REMEMBERED = 1024  # structured-output keys counted as compiled (about xgrammar's cache)
 
 
 def check_vllm_internals() -> List[str]:
@@ -68,6 +69,7 @@ class DraftingLayer:
         self.seen: Dict[str, bool] = {}
         self.over_llguidance: set = set()
         self._encode_cache: "OrderedDict[str, Sequence[int]]" = OrderedDict()
+        self._grammars: "OrderedDict[Hashable, None]" = OrderedDict()  # structured-output keys seen
         self._texts: Dict[int, str] = {}
         self._spellings: Optional[draft_builder.Spellings] = None
 
@@ -96,7 +98,8 @@ class DraftingLayer:
             text = self._texts[token] = self.tokenizer.decode([token])
         return text
 
-    def note_request(self, request_id: str, has_grammar: bool, over_llguidance: bool = False) -> None:
+    def note_request(self, request_id: str, has_grammar: bool, over_llguidance: bool = False,
+                     grammar_key: Optional[Hashable] = None) -> None:
         if over_llguidance and request_id not in self.over_llguidance:
             self.over_llguidance.add(request_id)
             self.counters.requests_drafted_over_llguidance += 1
@@ -105,6 +108,17 @@ class DraftingLayer:
         self.seen[request_id] = has_grammar
         if has_grammar:
             self.counters.requests_with_grammar += 1
+            if grammar_key is not None:
+                # A grammar new to this replica was compiled for it; a known one came from the
+                # compiler's cache (xgrammar and llguidance keep them): what affinity routing saves.
+                if grammar_key in self._grammars:
+                    self._grammars.move_to_end(grammar_key)
+                    self.counters.grammar_reuses += 1
+                else:
+                    self._grammars[grammar_key] = None
+                    self.counters.grammar_compiles += 1
+                    if len(self._grammars) > GRAMMARS_REMEMBERED:
+                        self._grammars.popitem(last=False)
         else:
             self.counters.requests_without_grammar += 1
             logger.info("DSpark drafting off for request %s: it has no grammar (vLLM's %s drafts used as they are)",
@@ -164,6 +178,16 @@ class DraftingLayer:
 
 def _bump(counters: DraftingCounters, name: str) -> None:
     setattr(counters, name, getattr(counters, name) + 1)
+
+
+def _grammar_key(request) -> Optional[Hashable]:
+    """The request's structured-output key (kind, spec): what vLLM compiles a grammar from."""
+    try:
+        key = request.structured_output_request.structured_output_key
+        hash(key)
+        return key
+    except Exception:  # no structured output, or a vLLM without the key: not counted
+        return None
 
 
 def _us(seconds: float) -> int:
@@ -282,7 +306,7 @@ def _scheduler_class():
                     continue
                 walker = self._grammar_walker(request)
                 layer.note_request(req_id, walker is not None or request.use_structured_output,
-                                   isinstance(walker, engines.LLGuidanceWalker))
+                                   isinstance(walker, engines.LLGuidanceWalker), _grammar_key(request))
                 if build is not None:
                     base_draft = list(base_draft)[:build]
                 if walker is None or build == 0:

@@ -42,6 +42,8 @@ class DraftingCounters:
     requests_with_grammar: int = 0
     requests_without_grammar: int = 0
     requests_drafted_over_llguidance: int = 0  # of requests_with_grammar, drafts built over llguidance
+    grammar_compiles: int = 0  # of requests_with_grammar, the first of their schema on this replica
+    grammar_reuses: int = 0    # the others: their grammar came from the compiler's cache
     target_forward_passes: int = 0  # request-steps that produced tokens
     output_tokens: int = 0
     # The per-step speculation budget (--dspark-speculative-length auto; budget.py).

@@ -1,0 +1,281 @@
+"""Affinity: requests that share a schema or a prompt prefix go to the replica that already has
+them, within a load bound (pure).
+
+Why: a JSON workload repeats itself (one schema, one long system prompt, thousands of
+requests). On the replica that served one of them the grammar is compiled (xgrammar and
+llguidance cache it) and the prompt's prefix is in vLLM's prefix cache; any other replica pays
+both again. Balancing by load alone spreads such requests evenly and so pays them everywhere.
+
+Three pieces:
+
+- `request_keys`: a request's affinity key from its body, without a tokenizer: the model, a
+  hash of the schema it asks for (`response_format` json_schema, `structured_outputs` /
+  `guided_json`, the parameters of `strict` tools) and a hash of its prompt's leading part —
+  the messages before the last one (system prompt, instructions, examples), or the first
+  bytes of a lone message or a `prompt` — in whole blocks of `BLOCK_BYTES`, up to
+  `prefix_bytes`. A leading part shorter than one block does not key (not worth a cache);
+  a request with neither schema nor prefix has no key and is balanced by load alone.
+- `Ring`: consistent hashing over the candidate instances (`VNODES` points each), so a replica
+  that leaves moves only its own keys and one that joins takes only its share.
+- `choose`: bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018, as HAProxy's
+  `hash-balance-factor`): walk the ring from the key's point and take the first instance whose
+  in-flight is below its capacity, `ceil(load_bound x (total in flight + 1) x share)`, where
+  `share` is its part of the fleet's speed (slow-start weight / seconds per token, normalised):
+  equal replicas get equal capacities; a slower or ramping replica a smaller one. A hot key
+  spills over to the next instance on the ring instead of piling up, and no instance runs
+  more than `load_bound` times its share.
+"""
+
+import bisect
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from gpustack_dspark.routing.intent import requested_schema
+from gpustack_dspark.routing.speed import SAME_SPEED_BAND
+
+BLOCK_BYTES = 256  # the unit a prefix keys in; a leading part below it does not key
+VNODES = 64  # ring points per instance: an even split of keys within a few percent
+
+
+@dataclass(frozen=True)
+class AffinityConfig:
+    """`policies/routing.yaml` `proxy.affinity`."""
+
+    enabled: bool = True
+    load_bound: float = 1.25  # an instance takes a keyed request while in flight < bound x its fair share
+    prefix_bytes: int = 4096  # how much of the prompt's leading part keys a request (whole blocks)
+
+
+@dataclass(frozen=True)
+class AffinityKey:
+    """What a request shares with others: `point` places it on the ring."""
+
+    model: str
+    schema: Optional[str]  # hash of the schema (or strict tools), None if it asks for none
+    prefix: Optional[str]  # hash of the leading part's whole blocks, None if shorter than one
+    prefix_bytes: int = 0  # bytes of the leading part that keyed
+
+    @property
+    def point(self) -> int:
+        return _hash64(f"{self.model}\x00{self.schema or ''}\x00{self.prefix or ''}")
+
+    def label(self) -> str:
+        """Short, stable, not revealing (hashes only): for status and logs."""
+        return f"{(self.schema or '-')[:8]}/{(self.prefix or '-')[:8]}"
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def schema_hash(body: Mapping[str, Any]) -> Optional[str]:
+    """The schema the request's output must follow, or its strict tools' parameters, hashed."""
+    schema = requested_schema(body)
+    if schema is not None:
+        return _digest(b"schema:" + _canonical(schema))
+    strict = []
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and function.get("strict") is True:
+            strict.append([function.get("name"), function.get("parameters")])
+    return _digest(b"tools:" + _canonical(strict)) if strict else None
+
+
+def _message_bytes(message: Any) -> bytes:
+    if not isinstance(message, Mapping):
+        return _canonical(message)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: their text (an image part keys by its JSON)
+        content = "".join(p.get("text", "") if isinstance(p, Mapping) and p.get("type") == "text" else
+                          _canonical(p).decode() for p in content)
+    role = message.get("role", "")
+    return f"{role}\x00{content if isinstance(content, str) else _canonical(content).decode()}\x01".encode()
+
+
+def leading_part(body: Mapping[str, Any]) -> bytes:
+    """The part of a prompt that requests are likely to share: every message but the last (a
+    lone message: all of it; a completion's `prompt`: all of it). Cut to blocks by the caller."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        lead = messages[:-1] if len(messages) > 1 else messages
+        return b"".join(_message_bytes(m) for m in lead)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return _canonical(prompt)  # token ids
+    return b""
+
+
+def prefix_hash(body: Mapping[str, Any], prefix_bytes: int) -> Tuple[Optional[str], int]:
+    """(hash, bytes) of the leading part's whole blocks up to `prefix_bytes`; (None, 0) below one."""
+    lead = leading_part(body)
+    keyed = min(len(lead), max(0, prefix_bytes)) // BLOCK_BYTES * BLOCK_BYTES
+    if keyed < BLOCK_BYTES:
+        return None, 0
+    return _digest(lead[:keyed]), keyed
+
+
+def request_keys(model: Optional[str], body: Any, config: AffinityConfig) -> Optional[AffinityKey]:
+    """The request's affinity key, or None (no schema and no prefix worth a cache, or off)."""
+    if not config.enabled or not isinstance(body, Mapping) or not model:
+        return None
+    schema = schema_hash(body)
+    prefix, keyed = prefix_hash(body, config.prefix_bytes)
+    if schema is None and prefix is None:
+        return None
+    return AffinityKey(model, schema, prefix, keyed)
+
+
+class Ring:
+    """Consistent hashing over instance ids (`VNODES` points each)."""
+
+    def __init__(self, instances: Iterable[int], vnodes: int = VNODES) -> None:
+        points = sorted((_hash64(f"instance:{i}:{v}"), i) for i in set(instances) for v in range(vnodes))
+        self._hashes = [h for h, _ in points]
+        self._owners = [i for _, i in points]
+        self.instances = frozenset(self._owners)
+
+    def walk(self, point: int) -> List[int]:
+        """Each instance once, in ring order from `point` (the first is the key's home)."""
+        if not self._owners:
+            return []
+        start = bisect.bisect_left(self._hashes, point) % len(self._owners)
+        seen: List[int] = []
+        for n in range(len(self._owners)):
+            owner = self._owners[(start + n) % len(self._owners)]
+            if owner not in seen:
+                seen.append(owner)
+                if len(seen) == len(self.instances):
+                    break
+        return seen
+
+    def home(self, point: int) -> Optional[int]:
+        walked = self.walk(point)
+        return walked[0] if walked else None
+
+
+def capacities(candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
+               shares: Optional[Mapping[int, float]] = None) -> Dict[int, int]:
+    """Per instance, how many requests it may hold in flight counting the new one:
+    `ceil(load_bound x (total + 1) x share)`, at least 1; `shares` default to equal."""
+    total = sum(max(0, counts.get(c, 0)) for c in candidates) + 1
+    raw = {c: max(0.0, (shares or {}).get(c, 1.0)) for c in candidates}
+    norm = sum(raw.values()) or 1.0
+    return {c: max(1, math.ceil(load_bound * total * raw[c] / norm - 1e-9)) for c in candidates}
+
+
+@dataclass(frozen=True)
+class Choice:
+    instance: int
+    home: int  # the key's own instance on the ring
+    spilled: int  # how many instances before the chosen one were at capacity
+
+
+def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int],
+           load_bound: float, shares: Optional[Mapping[int, float]] = None) -> Optional[Choice]:
+    """The first instance from the key's point on the ring (among `candidates`) whose in-flight
+    is below its capacity; None when every candidate is at capacity (the caller balances by load)."""
+    allowed = set(candidates)
+    order = [i for i in ring.walk(key.point) if i in allowed]
+    if not order:
+        return None
+    caps = capacities(order, counts, load_bound, shares)
+    for n, instance in enumerate(order):
+        if counts.get(instance, 0) + 1 <= caps[instance]:
+            return Choice(instance, order[0], n)
+    return None
+
+
+def speed_shares(candidates: Sequence[int], estimates: Optional[Mapping[int, Optional[float]]],
+                 weights: Optional[Mapping[int, float]]) -> Dict[int, float]:
+    """Each candidate's part of the fleet's speed: slow-start weight / seconds per token (the
+    mean estimate for one without; within `SAME_SPEED_BAND` of the fastest counts as the
+    fastest, as in `speed.pick`); equal when nothing is known."""
+    known = {c: v for c, v in (estimates or {}).items() if c in candidates and v is not None and v > 0}
+    if known:
+        fastest = min(known.values())
+        known = {c: fastest if v <= fastest * SAME_SPEED_BAND else v for c, v in known.items()}
+    default = sum(known.values()) / len(known) if known else 1.0
+    return {c: (weights or {}).get(c, 1.0) / known.get(c, default) for c in candidates}
+
+
+class Ledger:
+    """The proxy's affinity state: rings by candidate set, counters, and which instance each
+    recent key went to (bounded). Not thread-safe: the tracker holds its lock around it."""
+
+    MAX_RINGS = 64
+    MAX_KEYS = 4096  # keys remembered for "keys per instance" (oldest forgotten first)
+    OUTCOMES = ("home", "spilled", "all_full", "unkeyed")
+
+    def __init__(self) -> None:
+        self._rings: Dict[frozenset, Ring] = {}
+        self.outcomes: Dict[str, int] = {o: 0 for o in self.OUTCOMES}
+        self.per_instance: Dict[int, Dict[str, int]] = {}
+        self._key_home: Dict[int, int] = {}  # key point -> instance it last went to (insertion = age)
+
+    def ring(self, candidates: Sequence[int]) -> Ring:
+        members = frozenset(candidates)
+        ring = self._rings.get(members)
+        if ring is None:
+            if len(self._rings) >= self.MAX_RINGS:
+                self._rings.pop(next(iter(self._rings)))
+            ring = self._rings[members] = Ring(members)
+        return ring
+
+    def choose(self, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
+               shares: Optional[Mapping[int, float]] = None) -> Optional[int]:
+        """The instance for a keyed request, or None when all are at capacity (counted)."""
+        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares)
+        if choice is None:
+            self.outcomes["all_full"] += 1
+            return None
+        outcome = "home" if choice.spilled == 0 else "spilled"
+        self.outcomes[outcome] += 1
+        entry = self.per_instance.setdefault(choice.instance, {"home": 0, "spilled_in": 0})
+        entry["home" if outcome == "home" else "spilled_in"] += 1
+        self._key_home.pop(key.point, None)
+        self._key_home[key.point] = choice.instance
+        if len(self._key_home) > self.MAX_KEYS:
+            self._key_home.pop(next(iter(self._key_home)))
+        return choice.instance
+
+    def unkeyed(self) -> None:
+        self.outcomes["unkeyed"] += 1
+
+    def keys_per_instance(self) -> Dict[int, int]:
+        out: Dict[int, int] = {}
+        for instance in self._key_home.values():
+            out[instance] = out.get(instance, 0) + 1
+        return out
+
+    def snapshot(self) -> Dict[str, Any]:
+        keys = self.keys_per_instance()
+        return {"outcomes": dict(self.outcomes),
+                "instances": {i: {**v, "keys": keys.get(i, 0)} for i, v in sorted(self.per_instance.items())},
+                "keys_remembered": len(self._key_home)}
+
+    def forget(self, keep: Iterable[int]) -> None:
+        keep = set(keep)
+        for instance in [i for i in self.per_instance if i not in keep]:
+            self.per_instance.pop(instance, None)
+        for point in [p for p, i in self._key_home.items() if i not in keep]:
+            self._key_home.pop(point, None)
+        for members in [m for m in self._rings if not m <= keep]:
+            self._rings.pop(members, None)
+
+
+__all__ = ["AffinityConfig", "Ledger", "AffinityKey", "BLOCK_BYTES", "Choice", "Ring", "VNODES", "capacities", "choose",
+           "leading_part", "prefix_hash", "request_keys", "schema_hash", "speed_shares"]

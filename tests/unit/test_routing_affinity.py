@@ -1,0 +1,187 @@
+"""Affinity routing's pure core on traces: keys, the ring, bounded loads, replicas joining
+and leaving (routing/affinity.py), and its place in the tracker's choice (inflight.py)."""
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from gpustack_dspark.routing import affinity
+from gpustack_dspark.routing.affinity import AffinityConfig, Ledger, Ring, capacities, choose, request_keys
+from gpustack_dspark.routing.inflight import InFlightTracker
+from gpustack_dspark.routing.speed import EXPECTED_FINISH_TIME, LEAST_CONNECTIONS, ROUND_ROBIN
+
+CONFIG = AffinityConfig()
+SYSTEM = "You extract invoices. Rules: " + " ".join(f"rule {n}: keep field {n} exact." for n in range(40))
+SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}, "id": {"type": "string"}},
+          "required": ["id", "total"]}
+
+
+def body(user="invoice 1", system=SYSTEM, schema=SCHEMA, **extra):
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    out = {"model": "m", "messages": messages, **extra}
+    if schema is not None:
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    return out
+
+
+def key_of(b, config=CONFIG):
+    return request_keys("m", b, config)
+
+
+def test_requests_sharing_schema_and_system_prompt_share_a_key_whatever_the_user_asks():
+    assert key_of(body("invoice 1")) == key_of(body("a different, much longer user message " * 20))
+    assert key_of(body()).schema and key_of(body()).prefix
+
+
+def test_schema_key_ignores_property_order_and_sees_every_way_to_ask():
+    reordered = {"required": ["id", "total"], "properties": {"id": {"type": "string"}, "total": {"type": "number"}},
+                 "type": "object"}
+    assert key_of(body(schema=reordered)) == key_of(body())
+    a = key_of(body(system=None)).schema
+    assert key_of({"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"json": SCHEMA}}).schema == a
+    assert key_of({"messages": [{"role": "user", "content": "x"}], "guided_json": __import__("json").dumps(SCHEMA)}).schema == a
+    assert key_of(body(schema={"type": "object"})).schema != a
+
+
+def test_strict_tools_key_by_their_parameters_and_loose_tools_do_not():
+    tool = {"type": "function", "function": {"name": "get", "parameters": SCHEMA, "strict": True}}
+    strict = key_of(body(system=None, schema=None, tools=[tool]))
+    assert strict is not None and strict.schema and strict.prefix is None
+    loose = {"type": "function", "function": {"name": "get", "parameters": SCHEMA}}
+    assert key_of(body(system=None, schema=None, tools=[loose])) is None
+
+
+def test_short_or_unshared_prompts_key_by_schema_only_or_not_at_all():
+    short = key_of(body(system="Be brief."))
+    assert short.prefix is None and short.schema  # a leading part under one block: schema only
+    assert key_of(body(system="Be brief.", schema=None)) is None  # nothing worth a cache: balanced by load
+    assert key_of(body(system=None, schema=None, user="x" * 5000)).prefix is not None  # a lone message keys
+    assert key_of(body(), AffinityConfig(enabled=False)) is None
+    assert request_keys(None, body(), CONFIG) is None and request_keys("m", ["not", "a", "body"], CONFIG) is None
+
+
+def test_prefix_keys_in_whole_blocks_up_to_prefix_bytes():
+    config = AffinityConfig(prefix_bytes=512)
+    long_a, long_b = "A" * 600 + " tail one" + "B" * 300, "A" * 600 + " tail two" + "B" * 300
+    # They differ only after 512 bytes: the same key under a 512-byte prefix, different under 4096.
+    assert key_of(body(system=long_a), config).prefix == key_of(body(system=long_b), config).prefix
+    assert key_of(body(system=long_a)).prefix != key_of(body(system=long_b)).prefix
+    assert key_of(body(system=long_a), config).prefix_bytes == 512
+    assert key_of(body(system=long_a)).prefix_bytes == 768  # whole blocks of the ~920 bytes
+    # A difference in the last, partial block does not key (vLLM caches whole blocks too).
+    assert key_of(body(system="A" * 600 + "x")).prefix == key_of(body(system="A" * 600 + "y")).prefix
+    # Content parts key like the same text; a completion's prompt keys by its leading bytes.
+    parts = body(system=None)
+    parts["messages"].insert(0, {"role": "system", "content": [{"type": "text", "text": SYSTEM}]})
+    assert key_of(parts).prefix == key_of(body()).prefix
+    assert key_of({"prompt": "P" * 300}).prefix == key_of({"prompt": "P" * 300 + "different end"}).prefix
+
+
+def test_ring_moves_only_the_leaving_replicas_keys_and_a_joining_one_takes_only_its_share():
+    points = [random.Random(n).getrandbits(64) for n in range(20000)]
+    four = Ring([1, 2, 3, 4])
+    homes = [four.home(p) for p in points]
+    split = Counter(homes)
+    assert all(abs(split[i] / len(points) - 0.25) < 0.08 for i in (1, 2, 3, 4)), split
+    three = Ring([1, 2, 4])
+    for p, home in zip(points, homes):
+        if home != 3:
+            assert three.home(p) == home  # replica 3 left: only its keys moved
+    five = Ring([1, 2, 3, 4, 5])
+    moved = [(h, five.home(p)) for p, h in zip(points, homes) if five.home(p) != h]
+    assert all(new == 5 for _, new in moved)  # a joining replica takes keys only for itself
+    assert 0.12 < len(moved) / len(points) < 0.28, len(moved)
+    assert Ring([7, 8]).walk(points[0]) in ([7, 8], [8, 7]) and Ring([]).walk(1) == []
+
+
+def test_capacity_is_the_load_bound_times_the_fair_share():
+    assert capacities([1, 2], {1: 0, 2: 0}, 1.25) == {1: 1, 2: 1}
+    assert capacities([1, 2, 3], {1: 5, 2: 5, 3: 5}, 1.25) == {1: 7, 2: 7, 3: 7}  # ceil(1.25 * 16 / 3)
+    caps = capacities([1, 2], {1: 4, 2: 4}, 1.25, shares={1: 2.0, 2: 1.0})  # 1 twice as fast
+    assert caps == {1: 8, 2: 4}
+
+
+def test_a_hot_key_spills_to_the_next_replica_instead_of_piling_up():
+    """One key, requests arriving while earlier ones are in flight: its home fills to its bound,
+    the rest go to the next replica on the ring, and no replica passes its bound."""
+    ring = Ring([1, 2, 3])
+    key = key_of(body())
+    order = ring.walk(key.point)
+    counts = {1: 0, 2: 0, 3: 0}
+    for _ in range(30):
+        got = choose(ring, key, [1, 2, 3], counts, 1.25)
+        total = sum(counts.values()) + 1
+        assert counts[got.instance] + 1 <= math.ceil(1.25 * total / 3)
+        counts[got.instance] += 1
+    assert counts[order[0]] == max(counts.values()) and counts[order[1]] > 0
+    assert max(counts.values()) <= math.ceil(1.25 * 30 / 3)
+    idle = {1: 0, 2: 0, 3: 0}
+    assert choose(ring, key, [1, 2, 3], idle, 1.25).instance == order[0]  # idle: always home
+
+
+def test_zipf_trace_keeps_keys_at_home_and_loads_within_the_bound():
+    """30 keys, Zipf popularity, a closed loop of 24 in flight over 3 equal replicas for 3,000
+    requests: every replica's in-flight stays within 1.25x the mean (+1), most requests land at
+    their key's home, and each key is served mostly by one replica."""
+    rng = random.Random(7)
+    keys = [key_of(body(system=f"schema {n}: " + SYSTEM, schema={"type": "object", "title": f"s{n}"}))
+            for n in range(30)]
+    weights = [1 / (n + 1) ** 1.1 for n in range(30)]
+    ledger = Ledger()
+    counts = {1: 0, 2: 0, 3: 0}
+    in_flight = []
+    served = {n: Counter() for n in range(30)}
+    for _ in range(3000):
+        if len(in_flight) >= 24:
+            done = in_flight.pop(rng.randrange(len(in_flight)))
+            counts[done] -= 1
+        n = rng.choices(range(30), weights)[0]
+        got = ledger.choose(keys[n], [1, 2, 3], counts, 1.25)
+        assert got is not None
+        counts[got] += 1
+        served[n][got] += 1
+        in_flight.append(got)
+        assert max(counts.values()) <= math.ceil(1.25 * sum(counts.values()) / 3)
+    outcomes = ledger.snapshot()["outcomes"]
+    assert outcomes["home"] / (outcomes["home"] + outcomes["spilled"]) > 0.6, outcomes
+    # Each key mostly on one replica (load-only balancing: about a third each, 0.37 here).
+    on_top = sum(c.most_common(1)[0][1] for c in served.values() if c)
+    assert on_top / 3000 > 0.75 and all(c.most_common(1)[0][1] / sum(c.values()) >= 0.5 for c in served.values() if c)
+    assert sum(ledger.keys_per_instance().values()) == 30
+
+
+def test_a_replica_that_leaves_takes_only_its_keys_with_it_in_the_choice():
+    keys = [key_of(body(system=f"{n} " + SYSTEM)) for n in range(300)]
+    before = {k: Ledger().choose(k, [1, 2, 3], {}, 1.25) for k in keys}
+    after = {k: Ledger().choose(k, [1, 3], {}, 1.25) for k in keys}
+    assert all(after[k] == before[k] for k in keys if before[k] != 2)
+    assert {after[k] for k in keys if before[k] == 2} == {1, 3}
+
+
+def test_tracker_uses_affinity_for_keyed_requests_and_the_balance_for_the_rest():
+    tracker = InFlightTracker()
+    key = key_of(body())
+    home = Ring([1, 2]).home(key.point)
+    assert {tracker.choose(9, [1, 2], EXPECTED_FINISH_TIME, key) for _ in range(5)} == {home}  # idle: home
+    tracker.acquire(home, 9)
+    tracker.acquire(home, 9)
+    assert tracker.choose(9, [1, 2], EXPECTED_FINISH_TIME, key) != home  # home past its bound: spills
+    assert tracker.choose(9, [1, 2], LEAST_CONNECTIONS, None) != home  # unkeyed: least loaded
+    snapshot = tracker.affinity_snapshot()
+    assert snapshot["outcomes"] == {"home": 5, "spilled": 1, "all_full": 0, "unkeyed": 1}
+    assert snapshot["instances"][home]["home"] == 5 and snapshot["instances"][home]["keys"] == 0  # moved
+    assert sorted(tracker.choose(9, [1, 2], ROUND_ROBIN, key) for _ in range(4)) == [1, 1, 2, 2]  # stock order
+    off = InFlightTracker()
+    off.configure(off.slow_start.config, AffinityConfig(enabled=False))
+    off.acquire(home, 9)
+    assert off.choose(9, [1, 2], EXPECTED_FINISH_TIME, key) != home  # off: by load
+    assert off.affinity_snapshot()["outcomes"]["home"] == 0
+
+
+def test_a_slower_replica_gets_a_smaller_share_of_a_hot_key():
+    shares = affinity.speed_shares([1, 2], {1: 0.01, 2: 0.04}, {1: 1.0, 2: 1.0})
+    assert shares[1] == pytest.approx(4 * shares[2])
+    assert affinity.speed_shares([1, 2], {1: 0.010, 2: 0.012}, None) == {1: 100.0, 2: 100.0}  # within the band
+    assert affinity.speed_shares([1, 2], None, {1: 0.5, 2: 1.0}) == {1: 0.5, 2: 1.0}  # ramping in
