@@ -116,7 +116,7 @@ class InFlightTracker:
                     self.affinity.unkeyed()
                 else:
                     chosen = self.affinity.choose(key, candidates, self._counts, self.affinity_config.load_bound,
-                                                  affinity.speed_shares(candidates, estimates, weights))
+                                                  weights)
                     if chosen is not None:
                         return chosen
             return pick(candidates, self._counts, turn, estimates, weights)

@@ -101,6 +101,80 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
     assert routing["in_flight_total"] == 0 and routing["unmatched_releases"] == 0
 
 
+def _replica_counters(replica):
+    """(requests finished, prefix-cache hits, prefix-cache queries, grammar compiles, grammar
+    reuses) from the replica's own /metrics (vLLM's counters and the drafting layer's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {"vllm:e2e_request_latency_seconds_count": 0, "vllm:prefix_cache_hits_total": 1,
+              "vllm:prefix_cache_queries_total": 2, "dspark_grammar_compiles_total": 3,
+              "dspark_grammar_reuses_total": 4}
+    out = [0.0] * 5
+    text = httpx.get(f"{replica.base_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[wanted[sample.name]] += sample.value
+    return out
+
+
+def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_bound_then_spill(stack):
+    """Affinity (the shipped policy: on, load bound 1.25): one schema and one long system prompt,
+    sent one after another, all land on one real replica, whose vLLM prefix cache then finds the
+    prompt (hits grow) and whose grammar is compiled once; a burst of the same request spills to
+    the other replica past the bound instead of piling onto the first. Every request here is
+    keyed; the other tests' requests (short prompts, no schema) are not, and are balanced as before."""
+    server, api, replicas, _ = stack
+    headers = {"Authorization": f"Bearer {api.api_key}"}
+    tag = f"t{time.time_ns()}"  # a schema and a prompt no earlier request had
+    system = (f"You write order records ({tag}). Each record has an id, a user and a list of items; "
+              "prices are numbers, quantities whole numbers. ") * 8  # ~1 KB: four whole 256-byte blocks
+    schema = {"type": "object", "title": tag, "properties": {"order_id": {"type": "string"},
+                                                             "total": {"type": "number"}},
+              "required": ["order_id", "total"], "additionalProperties": False}
+
+    def one(i):
+        return httpx.post(f"{server.url}/v1/chat/completions", headers=headers, timeout=120, json={
+            "model": SERVED_NAME, "max_tokens": 48, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Order {i}."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": schema}}})
+
+    wait_for(lambda: not dspark_status(server, api.api_key)["routing"]["slow_start"]["ramping"], 60,
+             "no instance ramping in (slow start)")
+    before = [_replica_counters(r) for r in replicas]
+    outcomes_before = dspark_status(server, api.api_key)["routing"]["affinity"]["outcomes"]
+    for i in range(6):
+        r = one(i)
+        assert r.status_code == 200, r.text[:300]
+        json.loads(r.json()["choices"][0]["message"]["content"])
+    after = [_replica_counters(r) for r in replicas]
+    served = [a[0] - b[0] for a, b in zip(after, before)]
+    assert sorted(served) == [0, 6], served  # one replica took them all
+    home = served.index(6)
+    hits, queries = after[home][1] - before[home][1], after[home][2] - before[home][2]
+    # Requests 2-6 find the system prompt's blocks cached (vLLM caches whole 16-token blocks).
+    assert queries > 0 and hits >= 0.5 * queries * 5 / 6, (hits, queries)
+    compiles, reuses = after[home][3] - before[home][3], after[home][4] - before[home][4]
+    assert (compiles, reuses) == (1, 5), (compiles, reuses)
+    affinity = dspark_status(server, api.api_key)["routing"]["affinity"]
+    assert affinity["active"] and affinity["outcomes"]["home"] - outcomes_before["home"] == 6, affinity
+
+    # 12 at once: the home's bound is 1.25x its share of all in flight, its share by speed
+    # (an estimate twice the other's lets it hold 8 of 9), so 12 spill whatever the estimates say.
+    with ThreadPoolExecutor(12) as pool:
+        burst = list(pool.map(one, range(100, 112)))
+    assert [r.status_code for r in burst] == [200] * 12, [r.text[:200] for r in burst]
+    final = [_replica_counters(r) for r in replicas]
+    took = [f[0] - a[0] for f, a in zip(final, after)]
+    routing = _routing_once_idle(server, api, "after the affinity burst")
+    # home to its bound, the rest spilled
+    assert sum(took) == 12 and took[home] >= took[1 - home] >= 1, (took, routing["affinity"], routing["in_flight"])
+    outcomes = routing["affinity"]["outcomes"]
+    assert outcomes["spilled"] - outcomes_before["spilled"] >= 1, routing["affinity"]
+    # The other replica compiled the grammar for its first spilled request only.
+    assert final[1 - home][3] - after[1 - home][3] == 1
+
+
 def _server_rss_mib(server) -> float:
     """Resident memory of the GPUStack server's API process (the one that proxies)."""
     import psutil

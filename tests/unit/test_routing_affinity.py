@@ -180,8 +180,14 @@ def test_tracker_uses_affinity_for_keyed_requests_and_the_balance_for_the_rest()
     assert off.affinity_snapshot()["outcomes"]["home"] == 0
 
 
-def test_a_slower_replica_gets_a_smaller_share_of_a_hot_key():
-    shares = affinity.speed_shares([1, 2], {1: 0.01, 2: 0.04}, {1: 1.0, 2: 1.0})
-    assert shares[1] == pytest.approx(4 * shares[2])
-    assert affinity.speed_shares([1, 2], {1: 0.010, 2: 0.012}, None) == {1: 100.0, 2: 100.0}  # within the band
-    assert affinity.speed_shares([1, 2], None, {1: 0.5, 2: 1.0}) == {1: 0.5, 2: 1.0}  # ramping in
+def test_a_replica_ramping_in_gets_a_smaller_share_of_a_hot_key():
+    tracker = InFlightTracker()
+    tracker.see(9, [(1, 0), (2, 0)])  # the model's first choice: both established
+    tracker.see(9, [(1, 0), (2, 0), (3, 0)])  # 3 turned RUNNING: it ramps in from 0.1
+    key = key_of(body())
+    got = Counter()
+    for _ in range(30):  # 30 in flight at once, one key
+        chosen = tracker.choose(9, [1, 2, 3], EXPECTED_FINISH_TIME, key)
+        tracker.acquire(chosen, 9)
+        got[chosen] += 1
+    assert got[3] <= 2 and max(got[1], got[2]) <= math.ceil(1.25 * 30 / 2.1) and got[1] + got[2] >= 28, got
