@@ -151,12 +151,19 @@ class Progress:
 
 
 async def _one(client: httpx.AsyncClient, target: str, body: Dict[str, Any], settings: Settings) -> Result:
+    return await request_once(client, target, body, settings.stream, settings.api_key, settings.timeout_s)
+
+
+async def request_once(client: httpx.AsyncClient, target: str, body: Dict[str, Any], stream: bool = True,
+                       api_key: Optional[str] = None, timeout_s: float = 300.0) -> Result:
+    """One chat completion to `target` (`http://host:port`): streamed (with usage, the time to
+    the first content) or not; never raises for what the server or the network did."""
     started = time.perf_counter()
-    headers = _headers(settings.api_key)
+    headers = _headers(api_key)
     try:
-        if not settings.stream:
+        if not stream:
             response = await client.post(f"{target}/v1/chat/completions", json=body, headers=headers,
-                                         timeout=settings.timeout_s)
+                                         timeout=timeout_s)
             latency = time.perf_counter() - started
             if response.status_code != 200:
                 return Result(latency, response.status_code, error=f"HTTP {response.status_code}: {response.text[:200]}")
@@ -166,7 +173,7 @@ async def _one(client: httpx.AsyncClient, target: str, body: Dict[str, Any], set
                           choice["message"]["content"] or "", finish_reason=choice.get("finish_reason") or "")
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         async with client.stream("POST", f"{target}/v1/chat/completions", json=body, headers=headers,
-                                 timeout=settings.timeout_s) as response:
+                                 timeout=timeout_s) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
                 return Result(time.perf_counter() - started, response.status_code,

@@ -85,6 +85,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import httpx
 
 from gpustack_dspark import backend
+from gpustack_dspark.bench.runner import request_once
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
 from gpustack_dspark.devstack.processes import loopback_env
@@ -94,6 +95,8 @@ from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
 from gpustack_dspark.worker import request_limits
 from tests.bench.models import resolve
 from tests.bench.schema_bench import DEFAULT_BENCH
+from tests.conftest import wait_for
+from tests.integration.shared_stack import listening
 from tests.support.stand_in_instances import (
     RunningStateKeeper, create_stand_in_model, instances_of, wait_routable,
 )
@@ -427,14 +430,7 @@ def join_worker(dep: Deployment, base: Path) -> None:
                                  base / f"worker-{dep.name.replace('+', '-')}",
                                  extra_env={"PYTHONPATH": checkout_pythonpath()})
     dep.row = dep.api.get(f"/v2/workers/{dep.worker.id}")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{dep.worker.worker_port}/healthz", timeout=2)
-            return
-        except httpx.HTTPError:
-            time.sleep(1)
-    raise TimeoutError(f"{dep.name}: the worker's port does not answer")
+    wait_for(lambda: listening(dep.worker.worker_port), 120, f"{dep.name}: the worker's port")
 
 
 def register_model(dep: Deployment, base: Path, ports: List[int]) -> None:
@@ -547,41 +543,12 @@ class Outcome:
     done_at: float = 0.0
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, headers: Dict[str, str], body: Dict) -> Outcome:
-    started = time.perf_counter()
-    ttft, chunks, tokens, finish = None, 0, None, ""
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:200]
-                return Outcome(False, time.perf_counter() - started, error=f"{response.status_code} {text}",
-                               done_at=time.perf_counter())
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if event.get("error"):
-                    return Outcome(False, time.perf_counter() - started, ttft,
-                                   error=f"stream error: {json.dumps(event['error'])[:200]}", done_at=time.perf_counter())
-                for choice in event.get("choices") or []:
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        chunks += 1
-                        if ttft is None:
-                            ttft = time.perf_counter() - started
-                    finish = choice.get("finish_reason") or finish
-                if event.get("usage"):
-                    tokens = event["usage"].get("completion_tokens")
-    except (httpx.HTTPError, ValueError) as e:
-        return Outcome(False, time.perf_counter() - started, ttft, error=f"{type(e).__name__}: {e}"[:200],
-                       done_at=time.perf_counter())
-    if ttft is None:
-        return Outcome(False, time.perf_counter() - started, error="no content", done_at=time.perf_counter())
-    return Outcome(True, time.perf_counter() - started, ttft, tokens if tokens is not None else chunks, finish,
-                   done_at=time.perf_counter())
+async def stream_one(client: httpx.AsyncClient, dep: Deployment, body: Dict) -> Outcome:
+    """One streamed request through the server's /v1, as `gpustack-dspark bench` sends it."""
+    result = await request_once(client, dep.server.url, body, stream=True, api_key=dep.key, timeout_s=900)
+    ok = result.status == 200 and not result.error and result.ttft_s is not None
+    return Outcome(ok, result.latency_s, result.ttft_s, result.output_tokens, result.finish_reason,
+                   result.error or ("" if ok else "no content"), time.perf_counter())
 
 
 async def sample_in_flight(dep: Deployment, stop: asyncio.Event, samples: List[Dict[str, int]]) -> None:
@@ -602,7 +569,6 @@ async def sample_in_flight(dep: Deployment, stop: asyncio.Event, samples: List[D
 async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[List[Outcome], float, List[Dict]]:
     """Sends every item at its arrival time (Poisson, open loop); the outcomes, the wall time from
     the first send to the last answer, and the in-flight samples taken meanwhile."""
-    url = f"{dep.server.url}/v1/chat/completions"
     outcomes: List[Outcome] = []
     samples: List[Dict[str, int]] = []
     stop = asyncio.Event()
@@ -615,7 +581,7 @@ async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[Lis
             delay = start + item.at_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            outcomes.append(await stream_one(client, url, dep.headers, item.body))
+            outcomes.append(await stream_one(client, dep, item.body))
 
         async def progress() -> None:
             while True:
@@ -636,7 +602,6 @@ async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[Lis
 
 async def closed_loop_rate(dep: Deployment, items: List[Item], concurrency: int, seconds: float) -> float:
     """Requests/s answered by a closed loop of `concurrency` over `seconds` (items in turn)."""
-    url = f"{dep.server.url}/v1/chat/completions"
     done = [0]
     queue = iter(items)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=30)) as client:
@@ -648,7 +613,7 @@ async def closed_loop_rate(dep: Deployment, items: List[Item], concurrency: int,
                 item = next(queue, None)
                 if item is None:
                     return
-                outcome = await stream_one(client, url, dep.headers, item.body)
+                outcome = await stream_one(client, dep, item.body)
                 if outcome.ok and time.perf_counter() <= deadline:
                     done[0] += 1
 
