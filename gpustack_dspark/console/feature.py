@@ -20,6 +20,7 @@ PAGE = "/dspark/console"
 
 class Console(Feature):
     name = "console"
+    section = "replica_caches"
 
     def __init__(self, in_flight: Callable[[], Mapping[Any, Mapping[str, Any]]],
                  format_checks: Callable[[], Dict[Tuple[str, str, str], int]],
@@ -43,3 +44,9 @@ class Console(Feature):
 
     def tasks(self) -> List[Task]:
         return [self.sampler.task]
+
+    def status(self) -> Optional[Dict[str, Any]]:
+        """`replica_caches`: per DSpark deployment and replica, from the sampler's last pass, what
+        affinity routing is for — each replica's prefix-cache hit rate and grammar compiles —
+        beside the proxy's affinity counts for it (None while the console is off)."""
+        return self.sampler.replica_caches() if self.sampler else None

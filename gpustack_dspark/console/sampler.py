@@ -127,6 +127,13 @@ class ConsoleSampler:
         self._latest = latest
         self.last_sample_at = now
 
+    def replica_caches(self) -> Dict[str, Any]:
+        in_flight = self.in_flight()
+        deployments = {model["name"]: {str(i["id"]): view.affinity_view(in_flight.get(i["id"]), counters.get(i["id"]))
+                                       for i in instances}
+                       for model, instances, _infos, _errors, counters in self._latest}
+        return {"last_sample_at": self.last_sample_at, "deployments": deployments}
+
     def view(self, features: Mapping[str, Any]) -> Dict[str, Any]:
         now = time.time()
         in_flight = self.in_flight()

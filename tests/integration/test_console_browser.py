@@ -161,6 +161,11 @@ def test_live_figures_change_after_traffic(stack, tab):
     assert len(after_points) > len(before_points)
     assert data["figures"]["latency_p99_s"] >= data["figures"]["latency_p50_s"] > 0
     assert card.locator("[data-testid=figure-output_tokens_per_s] svg path").count() == 1  # a chart, not "no data"
+    # Each replica's affinity cell: the replica's own prefix-cache hit rate and grammar compiles.
+    assert any((r["affinity"]["prefix_cache_queries"] or 0) > 0 for r in data["instances"]), data["instances"]
+    wait_for(lambda: any("prefix cache" in c and "grammar compiles" in c
+                         for c in card.locator("[data-testid=affinity]").all_inner_texts()),
+             30, "the replicas' prefix-cache figures on the page")
     _shot(tab, "live-figures")
 
 

@@ -173,6 +173,12 @@ def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_boun
     assert outcomes["spilled"] - outcomes_before["spilled"] >= 1, routing["affinity"]
     # The other replica compiled the grammar for its first spilled request only.
     assert final[1 - home][3] - after[1 - home][3] == 1
+    # The status shows it per replica (the console's sampler, every 5 s): keys, hit rate, compiles.
+    caches = wait_for(lambda: [c for c in ((dspark_status(server, api.api_key).get("replica_caches") or {})
+                                          .get("deployments", {}).get(SERVED_NAME) or {}).values()
+                               if (c["keys"] or 0) >= 1 and (c["prefix_cache_hit_rate"] or 0) > 0
+                               and (c["grammar_compiles"] or 0) >= 1], 30, "replica_caches in the status")
+    assert caches
 
 
 def _server_rss_mib(server) -> float:
