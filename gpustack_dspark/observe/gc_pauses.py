@@ -24,7 +24,11 @@ FREEZE_AFTER_S = 20.0  # after the server started: its startup allocations are d
 
 class GcPauses:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a collection can start inside `snapshot()` itself (any allocation there),
+        # and its callback then runs on the same thread, inside the `with`. With a plain Lock that
+        # callback waited on its own thread forever and froze the server's event loop (found by
+        # the affinity benchmark polling the status 4 times a second: every request hung).
+        self._lock = threading.RLock()
         self._started: Optional[float] = None
         self.by_generation: Dict[int, Dict[str, float]] = {g: {"count": 0, "total_s": 0.0, "max_s": 0.0} for g in range(3)}
         self.frozen_at: Optional[float] = None
