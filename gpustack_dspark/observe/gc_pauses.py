@@ -4,7 +4,7 @@ Stock GPUStack 2.3 under load showed full (generation 2) collections of 0.6-0.9 
 once per 1,000 requests: every request through the proxy waits for them. CPython's
 `gc.freeze()` moves every object alive at that moment into a permanent generation that
 collections no longer walk, so after startup (GPUStack's models, SQLAlchemy metadata,
-FastAPI routes) a full collection only walks what came later. Off by default
+FastAPI routes) a full collection only walks what came later. On by default
 (`proxy.gc_freeze` in the routing policy); the pauses are timed either way and shown in
 `GET /v2/dspark/status` (`routing.gc`).
 """

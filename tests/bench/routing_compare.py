@@ -261,7 +261,7 @@ def part_scaleout(pg, base, args) -> Dict[str, dict]:
 
 COST_CONFIGS = (
     (STOCK, ["--dspark-disable"], None),
-    ("dspark", [], None),
+    ("dspark", [], "version: 1\nproxy:\n  gc_freeze: false\n"),
     ("dspark+gc_freeze", [], "version: 1\nproxy:\n  gc_freeze: true\n"),
 )
 

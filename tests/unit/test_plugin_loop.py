@@ -146,4 +146,4 @@ def test_the_real_feature_list_names_each_feature_once_with_the_requirements_fir
     assert [f.name for f in features if not f.internal] == ["status_api"]
     for index, feature in enumerate(features):
         assert set(feature.requires) <= set(names[:index]), feature.name
-    assert [f.section for f in features if f.section] == ["routing", "node_label_sync"]
+    assert [f.section for f in features if f.section] == ["routing", "node_label_sync", "replica_caches"]
