@@ -102,9 +102,10 @@ def test_status_reports_routing_on(stack):
     status = stack.status()
     assert status["features"]["routing"]["state"] == "enabled"
     assert status["features"]["routing"]["detail"]["hooks"] == [
-        "expected_finish_time", "slow_start", "json_intent", "json_aware_targets", "stream_end_event",
+        "expected_finish_time", "slow_start", "json_intent", "affinity", "json_aware_targets", "stream_end_event",
         "retry_once", "replica_status", "silence_timeout"]
     assert status["routing"]["balance"] == "expected_finish_time"
+    assert status["routing"]["affinity"]["active"] and status["routing"]["gc"]["freeze"]  # the shipped defaults
     assert status["routing"]["policy"]["json_only_without_json_intent"] == "serve_as_json"
 
 
