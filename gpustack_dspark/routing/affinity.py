@@ -63,10 +63,6 @@ class AffinityKey:
     def point(self) -> int:
         return _hash64(f"{self.model}\x00{self.schema or ''}\x00{self.prefix or ''}")
 
-    def label(self) -> str:
-        """Short, stable, not revealing (hashes only): for status and logs."""
-        return f"{(self.schema or '-')[:8]}/{(self.prefix or '-')[:8]}"
-
 
 def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")

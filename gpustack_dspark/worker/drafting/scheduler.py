@@ -306,7 +306,9 @@ def _scheduler_class():
                     continue
                 walker = self._grammar_walker(request)
                 layer.note_request(req_id, walker is not None or request.use_structured_output,
-                                   isinstance(walker, engines.LLGuidanceWalker), _grammar_key(request))
+                                   isinstance(walker, engines.LLGuidanceWalker),
+                                   # read once per request (note_request counts only its first sight)
+                                   _grammar_key(request) if req_id not in layer.seen else None)
                 if build is not None:
                     base_draft = list(base_draft)[:build]
                 if walker is None or build == 0:
