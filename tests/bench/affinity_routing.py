@@ -49,7 +49,13 @@ and the paired ratios eft+affinity / eft beside the issue's targets (TTFT P50 <=
 throughput >= 1.3x, in-flight max/min <= 2).
 
     .venv/bin/python -m tests.bench.affinity_routing [--model expanded] [--runs 3] [--requests 120]
-        [--rate R | --rate-factor 0.9] [--configs round_robin,eft,eft+affinity] [--no-affinity-key]
+        [--rate R | --rate-factor 0.9 | --closed-loop C] [--configs round_robin,eft,eft+affinity]
+        [--no-affinity-key]
+
+`--closed-loop C` replaces the Poisson arrivals by C senders that each send the next request as
+soon as the last is answered: the same requests at the deployment's peak throughput (what
+"throughput" compares when no configuration may fall behind its arrivals: with Poisson
+arrivals below every configuration's capacity, requests/s is the arrival rate for all).
 
     # a quick smoke (~4.5 minutes here, most of it starting things):
     .venv/bin/python -m tests.bench.affinity_routing --model fixture --requests 20 --runs 1 \\
@@ -566,9 +572,13 @@ async def sample_in_flight(dep: Deployment, stop: asyncio.Event, samples: List[D
                 pass
 
 
-async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[List[Outcome], float, List[Dict]]:
-    """Sends every item at its arrival time (Poisson, open loop); the outcomes, the wall time from
-    the first send to the last answer, and the in-flight samples taken meanwhile."""
+async def open_loop(dep: Deployment, items: List[Item], label: str,
+                    concurrency: int = 0) -> Tuple[List[Outcome], float, List[Dict]]:
+    """Sends every item at its arrival time (Poisson, open loop), or with `concurrency` > 0 in a
+    closed loop: that many senders, each sending the next item as soon as its last one is
+    answered (arrival times ignored) — the deployment's peak throughput on the same requests.
+    Returns the outcomes, the wall time from the first send to the last answer, and the
+    in-flight samples taken meanwhile."""
     outcomes: List[Outcome] = []
     samples: List[Dict[str, int]] = []
     stop = asyncio.Event()
@@ -576,12 +586,17 @@ async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[Lis
     async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=30), limits=limits) as client:
         sampler = asyncio.create_task(sample_in_flight(dep, stop, samples))
         start = time.perf_counter()
+        queue = iter(items)
 
         async def one(item: Item) -> None:
             delay = start + item.at_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             outcomes.append(await stream_one(client, dep, item.body))
+
+        async def sender() -> None:
+            for item in queue:  # one shared iterator: each item is sent once
+                outcomes.append(await stream_one(client, dep, item.body))
 
         async def progress() -> None:
             while True:
@@ -591,7 +606,10 @@ async def open_loop(dep: Deployment, items: List[Item], label: str) -> Tuple[Lis
 
         reporter = asyncio.create_task(progress())
         try:
-            await asyncio.gather(*(one(item) for item in items))
+            if concurrency > 0:
+                await asyncio.gather(*(sender() for _ in range(concurrency)))
+            else:
+                await asyncio.gather(*(one(item) for item in items))
         finally:
             reporter.cancel()
             stop.set()
@@ -624,11 +642,12 @@ async def closed_loop_rate(dep: Deployment, items: List[Item], concurrency: int,
 
 # ------------------------------------------------------------------------------ one run
 
-def measure(dep: Deployment, replicas: List[Replica], items: List[Item], label: str) -> Dict[str, Any]:
+def measure(dep: Deployment, replicas: List[Replica], items: List[Item], label: str,
+            concurrency: int = 0) -> Dict[str, Any]:
     reset_prefix_caches(replicas)
     before = [scrape(r) for r in replicas]
     status_before = dep.status().get("routing") or {}
-    outcomes, wall, samples = asyncio.run(open_loop(dep, items, label))
+    outcomes, wall, samples = asyncio.run(open_loop(dep, items, label, concurrency))
     after = [scrape(r) for r in replicas]
     status_after = dep.status().get("routing") or {}
     ok = [o for o in outcomes if o.ok]
@@ -749,6 +768,9 @@ def main(argv=None) -> None:
                         help="Poisson arrivals per second (default: calibrated, see --rate-factor)")
     parser.add_argument("--rate-factor", type=float, default=0.9,
                         help="without --rate: this times round_robin's closed-loop requests/s")
+    parser.add_argument("--closed-loop", type=int, default=0, metavar="C",
+                        help="instead of Poisson arrivals: C senders in a closed loop over the same requests "
+                             "(peak throughput; no calibration)")
     parser.add_argument("--calibrate-concurrency", type=int, default=12)
     parser.add_argument("--calibrate-s", type=float, default=30.0)
     parser.add_argument("--schemas", type=int, default=30)
@@ -827,7 +849,7 @@ def main(argv=None) -> None:
             asyncio.run(warm_grammars(replicas, schemas))
 
         rate = args.rate
-        if rate <= 0:
+        if rate <= 0 and not args.closed_loop:
             calibrator = next((d for d in deps if d.name == "round_robin"), deps[0])
             log(f"calibration: closed loop of {args.calibrate_concurrency} on {calibrator.name} for "
                 f"{args.calibrate_s:.0f} s")
@@ -843,14 +865,16 @@ def main(argv=None) -> None:
         by_name = {d.name: d for d in deps}
         per_run: List[Dict[str, Dict[str, Any]]] = []
         for run in range(args.runs):
-            items = workload(schemas, prompts, args.requests, rate, args.zipf_s, args.max_tokens, args.seed + run)
+            items = workload(schemas, prompts, args.requests, 0.0 if args.closed_loop else rate, args.zipf_s,
+                             args.max_tokens, args.seed + run)
+            load = (f"closed loop of {args.closed_loop}" if args.closed_loop
+                    else f"rate {rate:.3f}/s (arrivals over {items[-1].at_s:.0f} s)")
             order = names[run % len(names):] + names[:run % len(names)]
             results: Dict[str, Dict[str, Any]] = {}
             for name in order:
                 label = f"run {run + 1}/{args.runs} {name}"
-                log(f"{label}: {len(items)} requests at {rate:.3f}/s (arrivals over {items[-1].at_s:.0f} s), "
-                    f"prefix caches reset")
-                results[name] = measure(by_name[name], replicas, items, label)
+                log(f"{label}: {len(items)} requests, {load}, prefix caches reset")
+                results[name] = measure(by_name[name], replicas, items, label, args.closed_loop)
                 r = results[name]
                 log(f"{label}: done in {r['wall_s']:.0f} s, {r['ok']} ok, {r['errors']} errors, "
                     f"TTFT P50 {fmt(r['ttft_p50'], '.3f')} s, hit rate {fmt(100 * r['hit_rate'], '.1f')} %")
@@ -859,7 +883,7 @@ def main(argv=None) -> None:
             results = {n: results[n] for n in names}
             per_run.append(results)
             print_run_table(f"Run {run + 1}/{args.runs} (order {', '.join(order)}; {args.requests} requests, "
-                            f"rate {rate:.3f}/s, model {model.name}, {len(schemas)} schemas, Zipf s={args.zipf_s}, "
+                            f"{load.split(' (')[0]}, model {model.name}, {len(schemas)} schemas, Zipf s={args.zipf_s}, "
                             f"prompts >= {args.prompt_tokens} tokens, max_tokens {args.max_tokens})", results)
         print_summary(per_run, names)
     finally:
