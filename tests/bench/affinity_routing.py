@@ -50,7 +50,7 @@ throughput >= 1.3x, in-flight max/min <= 2).
 
     .venv/bin/python -m tests.bench.affinity_routing [--model expanded] [--runs 3] [--requests 120]
         [--rate R | --rate-factor 0.9 | --closed-loop C] [--configs round_robin,eft,eft+affinity]
-        [--no-affinity-key]
+        [--load-bound 1.25] [--no-affinity-key]
 
 `--closed-loop C` replaces the Poisson arrivals by C senders that each send the next request as
 soon as the last is answered: the same requests at the deployment's peak throughput (what
@@ -108,8 +108,9 @@ from tests.support.stand_in_instances import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-AFFINITY_ON = "{enabled: true, load_bound: 1.25, prefix_bytes: 4096}"
-AFFINITY_OFF = "{enabled: false}"
+AFFINITY_ON = "{{enabled: true, load_bound: {load_bound}, prefix_bytes: 4096}}"  # .format(load_bound=...)
+LOAD_BOUND = 1.25  # the shipped default (policies/routing.yaml)
+AFFINITY_OFF = "{{enabled: false}}"
 # name -> (balance, the affinity block)
 CONFIGS: Dict[str, Tuple[str, str]] = {
     "round_robin": ("round_robin", AFFINITY_OFF),
@@ -147,9 +148,10 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else (math.inf if a else math.nan)
 
 
-def policy_yaml(name: str, affinity_key: bool) -> str:
+def policy_yaml(name: str, affinity_key: bool, load_bound: float = LOAD_BOUND) -> str:
     """The routing.yaml of configuration `name`, exactly the issue's block (or without `affinity`)."""
     balance, affinity = CONFIGS[name]
+    affinity = affinity.format(load_bound=load_bound)
     proxy = f"balance: {balance}" + (f", affinity: {affinity}" if affinity_key else "")
     return f"version: 1\nproxy: {{{proxy}}}\n"
 
@@ -391,10 +393,10 @@ def checkout_pythonpath() -> str:
     return loopback_env(extra_paths=[str(REPO_ROOT)])["PYTHONPATH"]
 
 
-def start_server(name: str, base: Path, affinity_key: bool) -> Deployment:
+def start_server(name: str, base: Path, affinity_key: bool, load_bound: float = LOAD_BOUND) -> Deployment:
     policy_dir = base / f"policy-{name.replace('+', '-')}"
     policy_dir.mkdir(parents=True, exist_ok=True)
-    (policy_dir / "routing.yaml").write_text(policy_yaml(name, affinity_key))
+    (policy_dir / "routing.yaml").write_text(policy_yaml(name, affinity_key, load_bound))
     pg = start_postgres(base / f"pg-{name.replace('+', '-')}")
     try:
         server = GPUStackServer(data_dir=base / f"server-{name.replace('+', '-')}", database_url=pg.url,
@@ -408,7 +410,7 @@ def start_server(name: str, base: Path, affinity_key: bool) -> Deployment:
     return dep
 
 
-def check_policy(dep: Deployment, affinity_key: bool) -> None:
+def check_policy(dep: Deployment, affinity_key: bool, load_bound: float = LOAD_BOUND) -> None:
     """The server runs the configuration's policy (a bad routing.yaml turns only routing off)."""
     deadline = time.monotonic() + 90
     status = dep.status()
@@ -427,8 +429,10 @@ def check_policy(dep: Deployment, affinity_key: bool) -> None:
     if affinity_key:
         affinity = ((routing.get("policy") or {}).get("proxy") or {}).get("affinity")
         wanted = dep.name == "eft+affinity"
-        if not affinity or bool(affinity.get("enabled")) != wanted:
-            raise SystemExit(f"{dep.name}: the server's policy has affinity {affinity}, wanted enabled={wanted}")
+        if not affinity or bool(affinity.get("enabled")) != wanted or (
+                wanted and float(affinity.get("load_bound", 0)) != load_bound):
+            raise SystemExit(f"{dep.name}: the server's policy has affinity {affinity}, wanted enabled={wanted}"
+                             + (f", load_bound {load_bound}" if wanted else ""))
 
 
 def join_worker(dep: Deployment, base: Path) -> None:
@@ -768,6 +772,8 @@ def main(argv=None) -> None:
                         help="Poisson arrivals per second (default: calibrated, see --rate-factor)")
     parser.add_argument("--rate-factor", type=float, default=0.9,
                         help="without --rate: this times round_robin's closed-loop requests/s")
+    parser.add_argument("--load-bound", type=float, default=LOAD_BOUND,
+                        help="eft+affinity's proxy.affinity.load_bound (1-10; the shipped default 1.25)")
     parser.add_argument("--closed-loop", type=int, default=0, metavar="C",
                         help="instead of Poisson arrivals: C senders in a closed loop over the same requests "
                              "(peak throughput; no calibration)")
@@ -831,9 +837,10 @@ def main(argv=None) -> None:
             f"<= {args.max_model_len})")
 
         for name in names:
-            log(f"server {name}: starting (routing.yaml: {policy_yaml(name, affinity_key).splitlines()[1]})")
-            deps.append(start_server(name, base, affinity_key))
-            check_policy(deps[-1], affinity_key)
+            log(f"server {name}: starting (routing.yaml: "
+                f"{policy_yaml(name, affinity_key, args.load_bound).splitlines()[1]})")
+            deps.append(start_server(name, base, affinity_key, args.load_bound))
+            check_policy(deps[-1], affinity_key, args.load_bound)
             join_worker(deps[-1], base)
         log("replicas: waiting until ready")
         for replica in replicas:
