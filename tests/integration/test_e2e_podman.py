@@ -114,9 +114,10 @@ def test_replicas_go_starting_then_running_only_once_warm(stack):
 def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     """How the routing policy splits `bodies` sent together, from the proxy's own state now
     (nothing in flight): the pure rules applied to GET /v2/dspark/status, by instance id. A
-    keyed request (the order bodies carry a schema) goes to its place on the affinity ring
-    within the load bound (routing/affinity.py); when every replica is at its bound, or the
-    request has no key, expected finish time with slow start decides (routing/speed.py)."""
+    keyed request (each order body: a schema and a lone message over one block) goes to its
+    place on the affinity ring within the load bound (routing/affinity.py); when every replica
+    is at its bound, or the request has no key, expected finish time with slow start decides
+    (routing/speed.py)."""
     routing = dspark_status(s.server, s.api.api_key)["routing"]
     rows, aff = routing["in_flight"], routing["affinity"]
     config = affinity.AffinityConfig(enabled=aff["enabled"], load_bound=aff["load_bound"],
@@ -138,10 +139,12 @@ def test_json_through_gpustack_is_valid_and_spread_by_the_routing_rule(stack):
     s = stack
     # Four waves of four requests sent together: each wave is all in flight before any reply
     # (seconds each on CPU), so the split follows the routing rule on the proxy's state at the
-    # wave's start. The order bodies share a schema, so with affinity on (the default) they go
-    # to their replica on the ring until its load bound (3/1 for two warm replicas at 1.25x);
-    # with it off, expected finish time: 2/2 for replicas of about the same speed, more to the
-    # faster one where one is clearly slower (on two shared cores one can be several times slower).
+    # wave's start. With affinity on (the default) each order body is keyed (its schema and the
+    # first 256-byte block of its lone message, which names the order): it goes to its key's
+    # replica on the ring within the load bound (1.25x the mean), so a wave whose keys mostly
+    # share a home splits 3/1; with affinity off, expected finish time: 2/2 for replicas of about
+    # the same speed, more to the faster one where one is clearly slower (on two shared cores
+    # one can be several times slower).
     responses, splits, expected = [], [], []
     with ThreadPoolExecutor(4) as pool:
         for wave in range(4):
