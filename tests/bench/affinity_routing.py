@@ -576,7 +576,7 @@ async def sample_in_flight(dep: Deployment, stop: asyncio.Event, samples: List[D
                 pass
 
 
-async def open_loop(dep: Deployment, items: List[Item], label: str,
+async def send_load(dep: Deployment, items: List[Item], label: str,
                     concurrency: int = 0) -> Tuple[List[Outcome], float, List[Dict]]:
     """Sends every item at its arrival time (Poisson, open loop), or with `concurrency` > 0 in a
     closed loop: that many senders, each sending the next item as soon as its last one is
@@ -651,7 +651,7 @@ def measure(dep: Deployment, replicas: List[Replica], items: List[Item], label: 
     reset_prefix_caches(replicas)
     before = [scrape(r) for r in replicas]
     status_before = dep.status().get("routing") or {}
-    outcomes, wall, samples = asyncio.run(open_loop(dep, items, label, concurrency))
+    outcomes, wall, samples = asyncio.run(send_load(dep, items, label, concurrency))
     after = [scrape(r) for r in replicas]
     status_after = dep.status().get("routing") or {}
     ok = [o for o in outcomes if o.ok]

@@ -1,9 +1,9 @@
 """End to end through GPUStack's own worker, for real, on this CPU-only machine with no
 registry: PostgreSQL -> GPUStack server with the plugin -> a CPU worker labelled
 role=json-inference deploying with Podman -> the CPU DSpark image built locally -> the demo
-model with 2 replicas -> RUNNING only once warm -> JSON through GPUStack's /v1 ->
-routing (schema affinity within a load bound, then expected finish time) -> a replica's container killed under load, ramped in again
-after its restart -> the model deleted.
+model with 2 replicas -> RUNNING only once warm -> JSON through GPUStack's /v1 -> routing
+(schema affinity within a load bound, then expected finish time) -> a replica's container
+killed under load, ramped in again after its restart -> the model deleted.
 
 Nothing here is skipped: a host where Podman cannot work fails with the reason.
 The tests run in order on one stack (module fixture); each bounds its waits.
@@ -165,9 +165,9 @@ def test_json_through_gpustack_is_valid_and_spread_by_the_routing_rule(stack):
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), ORDER_SCHEMA)
     # Each wave never inverts the rule: the replica the rule gives more never gets fewer. The
     # exact split is not asserted: slow-start weights and (unkeyed) estimates near the same-speed
-    # band's edge (1.25x) move with
-    # the answers the proxy counts while a wave is sent, and then 2/2 can become 3/1 or 4/0
-    # (seen in CI: the rule 2/2, the split 4/0, the next wave's rule 3/1 for the same replica).
+    # band's edge (1.25x) move with the answers the proxy counts while a wave is sent, and then
+    # 2/2 can become 3/1 or 4/0 (seen in CI: the rule 2/2, the split 4/0, the next wave's rule
+    # 3/1 for the same replica).
     # Over the four waves the replica the rule favours serves at least as many; both served.
     for got, want in zip(splits, expected):
         assert sum(got.values()) == 4, splits

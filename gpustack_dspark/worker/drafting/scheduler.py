@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Dict, Hashable, List, Optional, Sequence
+from typing import Any, Dict, Hashable, List, Optional, Sequence
 
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
@@ -99,7 +99,9 @@ class DraftingLayer:
         return text
 
     def note_request(self, request_id: str, has_grammar: bool, over_llguidance: bool = False,
-                     grammar_key: Optional[Hashable] = None) -> None:
+                     request: Any = None) -> None:
+        """Counts a request once, on its first sight (called every step it is scheduled); its
+        grammar key is read from the vLLM `request` only then."""
         if over_llguidance and request_id not in self.over_llguidance:
             self.over_llguidance.add(request_id)
             self.counters.requests_drafted_over_llguidance += 1
@@ -108,6 +110,7 @@ class DraftingLayer:
         self.seen[request_id] = has_grammar
         if has_grammar:
             self.counters.requests_with_grammar += 1
+            grammar_key = _grammar_key(request)  # None without one (or without a request)
             if grammar_key is not None:
                 # A grammar new to this replica was compiled for it; a known one came from the
                 # compiler's cache (xgrammar and llguidance keep them): what affinity routing saves.
@@ -306,9 +309,7 @@ def _scheduler_class():
                     continue
                 walker = self._grammar_walker(request)
                 layer.note_request(req_id, walker is not None or request.use_structured_output,
-                                   isinstance(walker, engines.LLGuidanceWalker),
-                                   # read once per request (note_request counts only its first sight)
-                                   _grammar_key(request) if req_id not in layer.seen else None)
+                                   isinstance(walker, engines.LLGuidanceWalker), request)
                 if build is not None:
                     base_draft = list(base_draft)[:build]
                 if walker is None or build == 0:
