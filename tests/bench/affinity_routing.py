@@ -647,8 +647,15 @@ async def closed_loop_rate(dep: Deployment, items: List[Item], concurrency: int,
 # ------------------------------------------------------------------------------ one run
 
 def measure(dep: Deployment, replicas: List[Replica], items: List[Item], label: str,
-            concurrency: int = 0) -> Dict[str, Any]:
+            concurrency: int = 0, warmup: Sequence[Item] = (), warmup_concurrency: int = 12) -> Dict[str, Any]:
+    """One configuration on `items` from empty prefix caches; with `warmup`, those requests go
+    first in a closed loop of `warmup_concurrency`, unmeasured (the steady state of a long job:
+    each key's first miss on each replica is paid there, not in the figures)."""
     reset_prefix_caches(replicas)
+    if warmup:
+        outcomes, wall, _ = asyncio.run(send_load(dep, list(warmup), f"{label} warm-up", warmup_concurrency))
+        log(f"{label} warm-up: {len(warmup)} requests in {wall:.0f} s, {sum(not o.ok for o in outcomes)} errors "
+            f"(not measured)")
     before = [scrape(r) for r in replicas]
     status_before = dep.status().get("routing") or {}
     outcomes, wall, samples = asyncio.run(send_load(dep, items, label, concurrency))
@@ -777,6 +784,9 @@ def main(argv=None) -> None:
     parser.add_argument("--closed-loop", type=int, default=0, metavar="C",
                         help="instead of Poisson arrivals: C senders in a closed loop over the same requests "
                              "(peak throughput; no calibration)")
+    parser.add_argument("--warmup", type=int, default=0, metavar="N",
+                        help="before each configuration's measured requests, N others of the same workload "
+                             "(closed loop, not measured): steady-state figures, first misses excluded")
     parser.add_argument("--calibrate-concurrency", type=int, default=12)
     parser.add_argument("--calibrate-s", type=float, default=30.0)
     parser.add_argument("--schemas", type=int, default=30)
@@ -872,8 +882,11 @@ def main(argv=None) -> None:
         by_name = {d.name: d for d in deps}
         per_run: List[Dict[str, Dict[str, Any]]] = []
         for run in range(args.runs):
-            items = workload(schemas, prompts, args.requests, 0.0 if args.closed_loop else rate, args.zipf_s,
-                             args.max_tokens, args.seed + run)
+            # warm-up requests continue the same seeded list (same popularity ranking; the measured
+            # ones are exactly those of a run without warm-up)
+            items = workload(schemas, prompts, args.requests + args.warmup, 0.0 if args.closed_loop else rate,
+                             args.zipf_s, args.max_tokens, args.seed + run)
+            items, warmup = items[:args.requests], items[args.requests:]
             load = (f"closed loop of {args.closed_loop}" if args.closed_loop
                     else f"rate {rate:.3f}/s (arrivals over {items[-1].at_s:.0f} s)")
             order = names[run % len(names):] + names[:run % len(names)]
@@ -881,7 +894,8 @@ def main(argv=None) -> None:
             for name in order:
                 label = f"run {run + 1}/{args.runs} {name}"
                 log(f"{label}: {len(items)} requests, {load}, prefix caches reset")
-                results[name] = measure(by_name[name], replicas, items, label, args.closed_loop)
+                results[name] = measure(by_name[name], replicas, items, label, args.closed_loop, warmup,
+                                        args.closed_loop or args.calibrate_concurrency)
                 r = results[name]
                 log(f"{label}: done in {r['wall_s']:.0f} s, {r['ok']} ok, {r['errors']} errors, "
                     f"TTFT P50 {fmt(r['ttft_p50'], '.3f')} s, hit rate {fmt(100 * r['hit_rate'], '.1f')} %")
@@ -890,7 +904,7 @@ def main(argv=None) -> None:
             results = {n: results[n] for n in names}
             per_run.append(results)
             print_run_table(f"Run {run + 1}/{args.runs} (order {', '.join(order)}; {args.requests} requests, "
-                            f"{load.split(' (')[0]}, model {model.name}, {len(schemas)} schemas, Zipf s={args.zipf_s}, "
+                            f"{load.split(' (')[0]}{f', after {args.warmup} unmeasured' if args.warmup else ''}, model {model.name}, {len(schemas)} schemas, Zipf s={args.zipf_s}, "
                             f"prompts >= {args.prompt_tokens} tokens, max_tokens {args.max_tokens})", results)
         print_summary(per_run, names)
     finally:
