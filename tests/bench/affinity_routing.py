@@ -903,9 +903,11 @@ def main(argv=None) -> None:
                     print(f"  routing.affinity: {json.dumps(r['affinity'], separators=(',', ':'))}", flush=True)
             results = {n: results[n] for n in names}
             per_run.append(results)
+            after = f", after {args.warmup} unmeasured" if args.warmup else ""
             print_run_table(f"Run {run + 1}/{args.runs} (order {', '.join(order)}; {args.requests} requests, "
-                            f"{load.split(' (')[0]}{f', after {args.warmup} unmeasured' if args.warmup else ''}, model {model.name}, {len(schemas)} schemas, Zipf s={args.zipf_s}, "
-                            f"prompts >= {args.prompt_tokens} tokens, max_tokens {args.max_tokens})", results)
+                            f"{load.split(' (')[0]}{after}, model {model.name}, {len(schemas)} schemas, "
+                            f"Zipf s={args.zipf_s}, prompts >= {args.prompt_tokens} tokens, "
+                            f"max_tokens {args.max_tokens})", results)
         print_summary(per_run, names)
     finally:
         log("cleanup: stopping servers, workers, PostgreSQL and replicas")
