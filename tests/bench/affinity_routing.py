@@ -465,9 +465,10 @@ def wait_ramps_over(deps: List[Deployment], timeout_s: float = 120) -> None:
     log("warning: slow-start ramps still running")
 
 
-def replica_args(max_model_len: int, kv_bytes: int) -> List[str]:
+def replica_args(max_model_len: int, kv_bytes: int, block_size: int = 0) -> List[str]:
     return ["--enable-dspark", "--dspark-warmup-requests", "2", "--enforce-eager", "--dtype", "float32",
-            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(kv_bytes)]
+            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(kv_bytes),
+            *(["--block-size", str(block_size)] if block_size else [])]
 
 
 def kv_bytes_per_token(model: Path) -> int:
@@ -797,6 +798,9 @@ def main(argv=None) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-tokens", type=int, default=14336,
                         help="each replica's KV cache in tokens (14336: ~1 GiB of the expanded model)")
+    parser.add_argument("--block-size", type=int, default=0,
+                        help="the replicas' KV block size in tokens (vLLM on CPU: 128 unless set; a multiple of 32): "
+                             "prefix-cache hits are whole blocks")
     parser.add_argument("--cold-grammars", action="store_true", help="skip compiling every grammar up front")
     parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--bench", type=Path, default=DEFAULT_BENCH, help="the JSONSchemaBench sample")
@@ -829,7 +833,7 @@ def main(argv=None) -> None:
         log("replicas: starting 3 (they load while the servers start)")
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "PYTHONPATH": str(REPO_ROOT)}
         for i in range(3):
-            replicas.append(start_replica(base / f"replica-{i}.log", replica_args(args.max_model_len, kv_bytes),
+            replicas.append(start_replica(base / f"replica-{i}.log", replica_args(args.max_model_len, kv_bytes, args.block_size),
                                           model=model, cpu_layout=False, env=env))
 
         log(f"workload: choosing {args.schemas} schemas of {args.bench}")
