@@ -648,13 +648,13 @@ async def closed_loop_rate(dep: Deployment, items: List[Item], concurrency: int,
 # ------------------------------------------------------------------------------ one run
 
 def measure(dep: Deployment, replicas: List[Replica], items: List[Item], label: str,
-            concurrency: int = 0, warmup: Sequence[Item] = (), warmup_concurrency: int = 12) -> Dict[str, Any]:
+            concurrency: int = 0, warmup: Optional[List[Item]] = None, warmup_concurrency: int = 12) -> Dict[str, Any]:
     """One configuration on `items` from empty prefix caches; with `warmup`, those requests go
     first in a closed loop of `warmup_concurrency`, unmeasured (the steady state of a long job:
     each key's first miss on each replica is paid there, not in the figures)."""
     reset_prefix_caches(replicas)
     if warmup:
-        outcomes, wall, _ = asyncio.run(send_load(dep, list(warmup), f"{label} warm-up", warmup_concurrency))
+        outcomes, wall, _ = asyncio.run(send_load(dep, warmup, f"{label} warm-up", warmup_concurrency))
         log(f"{label} warm-up: {len(warmup)} requests in {wall:.0f} s, {sum(not o.ok for o in outcomes)} errors "
             f"(not measured)")
     before = [scrape(r) for r in replicas]
@@ -833,7 +833,8 @@ def main(argv=None) -> None:
         log("replicas: starting 3 (they load while the servers start)")
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "PYTHONPATH": str(REPO_ROOT)}
         for i in range(3):
-            replicas.append(start_replica(base / f"replica-{i}.log", replica_args(args.max_model_len, kv_bytes, args.block_size),
+            replicas.append(start_replica(base / f"replica-{i}.log",
+                                          replica_args(args.max_model_len, kv_bytes, args.block_size),
                                           model=model, cpu_layout=False, env=env))
 
         log(f"workload: choosing {args.schemas} schemas of {args.bench}")
