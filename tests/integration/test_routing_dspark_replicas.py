@@ -95,21 +95,34 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
         values = [v for v in estimates() if v]
         if len(values) == 2 and max(values) <= speed.SAME_SPEED_BAND * min(values):
             break
-    wait_for(lambda: not dspark_status(server, api.api_key)["routing"]["slow_start"]["ramping"], 60,
-             "no instance ramping in (slow start)")
-    before = [r.info()["requests"]["json_injected"] for r in replicas]
+    # A burst during which an instance started ramping (GPUStack listed it not RUNNING for a
+    # moment, or it received nothing and the proxy retried elsewhere) is not a burst between
+    # warm equals: CI saw [16, 0] with a ramp started 0.6 s before the end. Such a burst is run
+    # again (at most three); a clean burst that is unbalanced fails at once.
+    seen = []
+    for attempt in range(3):
+        wait_for(lambda: not dspark_status(server, api.api_key)["routing"]["slow_start"]["ramping"], 60,
+                 "no instance ramping in (slow start)")
+        routing = dspark_status(server, api.api_key)["routing"]
+        ramps, retries = routing["slow_start"]["ramps_started"], dict(routing["retries"])
+        before = [r.info()["requests"]["json_injected"] for r in replicas]
 
-    with ThreadPoolExecutor(4) as pool:
-        responses = list(pool.map(one, range(16)))
-    assert [r.status_code for r in responses] == [200] * 16
-    for r in responses:  # no response_format: the replicas made it JSON
-        json.loads(r.json()["choices"][0]["message"]["content"])
-        assert r.json()["usage"]["dspark_stats"]["drafted_tokens"] >= 0
-    served = [r.info()["requests"]["json_injected"] - b for r, b in zip(replicas, before)]
-    routing = dspark_status(server, api.api_key)["routing"]
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(one, range(16 * attempt, 16 * (attempt + 1))))
+        assert [r.status_code for r in responses] == [200] * 16
+        for r in responses:  # no response_format: the replicas made it JSON
+            json.loads(r.json()["choices"][0]["message"]["content"])
+            assert r.json()["usage"]["dspark_stats"]["drafted_tokens"] >= 0
+        served = [r.info()["requests"]["json_injected"] - b for r, b in zip(replicas, before)]
+        routing = dspark_status(server, api.api_key)["routing"]
+        assert sum(served) == 16, served
+        seen.append((served, routing["retries"], routing["slow_start"]))
+        if routing["slow_start"]["ramps_started"] == ramps and routing["retries"] == retries:
+            break
+    else:
+        raise AssertionError(f"every burst saw an instance start ramping or a retry: {seen}")
     # both replicas took a fair share
-    assert sum(served) == 16 and min(served) >= 4, (served, routing["slow_start"], routing["retries"],
-                                                    routing["in_flight"])
+    assert min(served) >= 4, (served, routing["retries"], routing["slow_start"], routing["in_flight"])
     assert routing["in_flight_total"] == 0 and routing["unmatched_releases"] == 0
 
 
