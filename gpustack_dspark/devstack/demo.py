@@ -157,7 +157,7 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
     try:
         say(f"[demo] state in {base} (log {base / DEMO_LOG})")
         say("[demo] the CPU DSpark image is reused while its inputs are unchanged; else it is built "
-            "from the worker venv while GPUStack starts (about two minutes cold, seconds after a code change)")
+            "from the worker venv while GPUStack starts (about a minute cold, seconds after a code change)")
         stack.start_platform()
         out.phase("plugin status")
         status = stack.api.get("/v2/dspark/status")
