@@ -113,11 +113,13 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
     # again (at most three). Between equals each replica takes at least 4 of 16; if no burst
     # was between equals, the last clean one must follow the rule: both take part, and the
     # replica with the lower estimate before and after it takes at least as many as the other.
+    def routing_once_no_ramp():
+        routing = dspark_status(server, api.api_key)["routing"]
+        return None if routing["slow_start"]["ramping"] else routing
+
     bursts = []
     for attempt in range(3):
-        wait_for(lambda: not dspark_status(server, api.api_key)["routing"]["slow_start"]["ramping"], 60,
-                 "no instance ramping in (slow start)")
-        routing = dspark_status(server, api.api_key)["routing"]
+        routing = wait_for(routing_once_no_ramp, 60, "no instance ramping in (slow start)")
         ramps, retries, est_before = routing["slow_start"]["ramps_started"], dict(routing["retries"]), estimates(routing)
         before = [r.info()["requests"]["json_injected"] for r in replicas]
 
@@ -131,17 +133,18 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
         routing = dspark_status(server, api.api_key)["routing"]
         assert sum(served) == 16, served
         clean = routing["slow_start"]["ramps_started"] == ramps and routing["retries"] == retries
-        bursts.append({"served": served, "clean": clean, "estimates": (est_before, estimates(routing)),
+        est_after = estimates(routing)
+        bursts.append({"served": served, "clean": clean, "estimates": (est_before, est_after),
                        "retries": routing["retries"], "slow_start": routing["slow_start"]})
         print(f"[fair share] burst {attempt + 1}: {bursts[-1]}")
-        if clean and equal(est_before) and equal(bursts[-1]["estimates"][1]):
+        if clean and equal(est_before) and equal(est_after):
             # both replicas took a fair share
             assert min(served) >= 4, bursts
             break
     else:
-        clean = [b for b in bursts if b["clean"]]
-        assert clean, f"every burst saw an instance start ramping or a retry: {bursts}"
-        last = clean[-1]
+        clean_bursts = [b for b in bursts if b["clean"]]
+        assert clean_bursts, f"every burst saw an instance start ramping or a retry: {bursts}"
+        last = clean_bursts[-1]
         assert min(last["served"]) >= 1, bursts
         faster = [min(range(len(replicas)), key=lambda n: est[n] or float("inf")) for est in last["estimates"]]
         if faster[0] == faster[1]:  # faster before and after the burst: it took at least as many
