@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded, reply_check
 from gpustack_dspark.knobs import KnobError
-from gpustack_dspark.worker import one_of, request_limits
+from gpustack_dspark.worker import enum_type, one_of, request_limits
 # The annotation the engine's manager reads (and removes) to pick llguidance for a request.
 from gpustack_dspark.worker.drafting.engines import MARK as ENGINE_MARK
 
@@ -510,8 +510,10 @@ def _llguidance_plan(schema: Any, marked: bool, allow_lenient: bool) -> Optional
 
 def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> EnginePlan:
     """The first attempt. A 400 when a `oneOf` leaves no document valid, and a `oneOf` with an
-    always-true branch planned as the negation of the others (`one_of`). Then xgrammar when it
-    supports and compiles the schema exactly; else
+    always-true branch planned as the negation of the others (`one_of`); a 400 when a node every
+    document reaches admits no value of its `enum` (`enum_type`). Then xgrammar when it
+    supports and compiles the schema exactly (where an `enum` has values its `type` excludes,
+    which xgrammar ignores: llguidance, else xgrammar on `enum_type.narrowed`); else
     llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed, then
     llguidance with patternProperties taken out (`_without_pattern_properties`)
     (every reply, streamed or not, is checked before its end is delivered: middleware.py,
@@ -521,7 +523,7 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
     if problem is not None and structural_problem(schema):  # no engine helps
         return EnginePlan(problem=problem)
     if isinstance(schema, dict):  # within the request limits: the walks below are bounded
-        impossible = one_of.unsatisfiable(schema)
+        impossible = one_of.unsatisfiable(schema) or enum_type.unsatisfiable(schema)
         if impossible:
             return EnginePlan(problem=impossible)
         rewritten, notes = one_of.rewrite(schema)
@@ -530,6 +532,8 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
             if not plan.problem:
                 return replace(plan, dropped=list(plan.dropped) + notes)
     if problem is None:
+        if isinstance(schema, dict) and enum_type.conflict(schema):
+            return _enum_type_plan(schema, dual)
         return EnginePlan("xgrammar", schema, [])
     unsupported = xgrammar_unsupported(schema)
     if dual:
@@ -555,13 +559,28 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
     return EnginePlan(problem=problem)
 
 
+def _enum_type_plan(schema: Dict[str, Any], dual: bool) -> EnginePlan:
+    """xgrammar ignores `type` beside `enum`/`const` (enum_type.py): llguidance, which reads them
+    as JSON Schema does, where the replica has it; else xgrammar on the narrowed form (exact
+    unless a node is left with no value its type admits)."""
+    if dual:
+        plan = _llguidance_plan(schema, marked=True, allow_lenient=False)
+        if plan is not None:
+            return plan
+    narrowed, notes = enum_type.narrowed(schema)
+    if notes and check_schema(narrowed) is None:
+        left = enum_type.conflict(narrowed)
+        return EnginePlan("xgrammar", narrowed, [left] if left else [])
+    return EnginePlan("xgrammar", schema, [enum_type.conflict(schema) or "enum beside type"])
+
+
 def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optional[EnginePlan]:
     """The other engine for one more attempt after the first reply failed the check, or None."""
     if first.engine == "xgrammar" and "llguidance" in engines:
         return _llguidance_plan(schema, marked=True, allow_lenient=True)
     if first.engine == "llguidance":
         if check_schema(schema) is None:
-            return EnginePlan("xgrammar", schema, [])
+            return EnginePlan("xgrammar", enum_type.narrowed(schema)[0], [])
         return _relaxed_plan(schema)
     return None
 
@@ -631,6 +650,8 @@ def _exclusive_branch(branches: List[Any]) -> Any:
 def _relaxed_plan(schema: Any) -> Optional[EnginePlan]:
     """xgrammar with what vLLM's xgrammar backend refuses dropped, when that compiles."""
     relaxed, dropped = relax_for_xgrammar(schema)
+    if dropped:  # and what xgrammar would read otherwise than JSON Schema does (enum_type.py)
+        relaxed = enum_type.narrowed(relaxed)[0]
     if dropped and check_schema(relaxed) is None:
         return EnginePlan("xgrammar", relaxed, dropped)
     return None

@@ -20,7 +20,7 @@ rows: tests/support/stand_in_instances.py):
 
   round_robin   proxy: {balance: round_robin, affinity: {enabled: false}}
   eft           proxy: {balance: expected_finish_time, affinity: {enabled: false}}
-  eft+affinity  proxy: {balance: expected_finish_time, affinity: {enabled: true, load_bound: 1.25,
+  eft+affinity  proxy: {balance: expected_finish_time, affinity: {enabled: true, load_bound: 1.5,
                         prefix_bytes: 4096}}
 
 (`--no-affinity-key` leaves the `affinity` block out, for a plugin that does not know it yet.)
@@ -50,7 +50,7 @@ throughput >= 1.3x, in-flight max/min <= 2).
 
     .venv/bin/python -m tests.bench.affinity_routing [--model expanded] [--runs 3] [--requests 120]
         [--rate R | --rate-factor 0.9 | --closed-loop C] [--configs round_robin,eft,eft+affinity]
-        [--load-bound 1.25] [--no-affinity-key]
+        [--load-bound 1.5] [--no-affinity-key]
 
 `--closed-loop C` replaces the Poisson arrivals by C senders that each send the next request as
 soon as the last is answered: the same requests at the deployment's peak throughput (what
@@ -109,7 +109,7 @@ from tests.support.stand_in_instances import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AFFINITY_ON = "{{enabled: true, load_bound: {load_bound}, prefix_bytes: 4096}}"  # .format(load_bound=...)
-LOAD_BOUND = 1.25  # the shipped default (policies/routing.yaml)
+LOAD_BOUND = 1.5  # the shipped default (policies/routing.yaml)
 AFFINITY_OFF = "{{enabled: false}}"
 # name -> (balance, the affinity block)
 CONFIGS: Dict[str, Tuple[str, str]] = {
@@ -781,7 +781,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rate-factor", type=float, default=0.9,
                         help="without --rate: this times round_robin's closed-loop requests/s")
     parser.add_argument("--load-bound", type=float, default=LOAD_BOUND,
-                        help="eft+affinity's proxy.affinity.load_bound (1-10; the shipped default 1.25)")
+                        help="eft+affinity's proxy.affinity.load_bound (1-10; the shipped default 1.5)")
     parser.add_argument("--closed-loop", type=int, default=0, metavar="C",
                         help="instead of Poisson arrivals: C senders in a closed loop over the same requests "
                              "(peak throughput; no calibration)")

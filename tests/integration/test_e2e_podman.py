@@ -141,8 +141,9 @@ def test_json_through_gpustack_is_valid_and_spread_by_the_routing_rule(stack):
     # (seconds each on CPU), so the split follows the routing rule on the proxy's state at the
     # wave's start. With affinity on (the default) each order body is keyed (its schema and the
     # first 256-byte block of its lone message, which names the order): it goes to its key's
-    # replica on the ring within the load bound (1.25x the mean), so a wave whose keys mostly
-    # share a home splits 3/1; with affinity off, expected finish time: 2/2 for replicas of about
+    # replica on the ring within the load bound (1.5x the mean; a replica that would stay within
+    # the mean / 1.5 takes one whose place would pass the mean), as `affinity.choose` computes
+    # in `_expected_wave`; with affinity off, expected finish time: 2/2 for replicas of about
     # the same speed, more to the faster one where one is clearly slower (on two shared cores
     # one can be several times slower).
     responses, splits, expected = [], [], []

@@ -263,6 +263,40 @@ def test_a_schema_xgrammar_refuses_is_served_exactly_by_llguidance(stack, stream
     assert finished >= 1
 
 
+# JSONSchemaBench Github_trivial/o30283's shape: an optional property whose enum has no value of
+# its type, so no value can be written for it; xgrammar ignores the type and wrote "mode": "AAA"
+# (a withheld reply in the affinity benchmark). Beside it, what the fixture writes.
+ENUM_TYPE_SCHEMA = {"type": "object", "required": ["user_id", "amount"], "properties": {
+    "mode": {"enum": ["all", "ssl", "AAA", "dns"], "type": "object"},
+    "user_id": {"type": "integer"}, "amount": {"type": "number"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_enum_its_type_excludes_is_served_exactly(stack, stream):
+    """llguidance reads enum and type together (only values of the type, here none), so the
+    reply never has `mode` and is never withheld; the same property required is a 400."""
+    _, _, replica, _ = stack
+    before = _requests(replica)
+    for i in range(2):
+        r = _proxy(stack, _schema_body(ENUM_TYPE_SCHEMA, max_tokens=96, temperature=1.0, seed=i, messages=[
+            {"role": "user", "content": f"Create an order record for user {3 * (i + 1)} in mode all."}]),
+            stream=stream)
+        assert r.status_code == 200, r.text[:300]
+        text, finish = _streamed_content(r) if stream else (
+            r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"])
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert not any("error" in event for event in events), r.text[-400:]  # never withheld
+        if finish == "stop":
+            assert "mode" not in json.loads(text) and _validates(text, ENUM_TYPE_SCHEMA), text
+    after = _requests(replica)
+    assert after["engine_llguidance"] == before["engine_llguidance"] + 2
+    assert after["schema_violations"] == before["schema_violations"]
+    required = {**ENUM_TYPE_SCHEMA, "required": ["mode", "user_id"]}
+    r = _proxy(stack, _schema_body(required, max_tokens=8), stream=stream)
+    assert r.status_code == 400, r.text[:300]
+    assert "no document satisfies the schema: at mode" in r.json()["error"]["message"], r.text[:400]
+
+
 def test_lenient_llguidance_for_streams_too_each_reply_checked(stack):
     _, _, replica, _ = stack
     before = _requests(replica)

@@ -170,7 +170,7 @@ def _replica_counters(replica):
 
 
 def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_bound_then_spill(stack):
-    """Affinity (the shipped policy: on, load bound 1.25): one schema and one long system prompt,
+    """Affinity (the shipped policy: on, load bound 1.5): one schema and one long system prompt,
     sent one after another, all land on one real replica, whose vLLM prefix cache then finds the
     prompt (hits grow) and whose grammar is compiled once; a burst of the same request spills to
     the other replica past the bound instead of piling onto the first. Every request here is
@@ -210,15 +210,16 @@ def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_boun
     affinity = dspark_status(server, api.api_key)["routing"]["affinity"]
     assert affinity["active"] and affinity["outcomes"]["home"] - outcomes_before["home"] == 6, affinity
 
-    # 12 at once: the home's bound is 1.25x its share of all in flight (equal shares once both
-    # are warm: slow-start weights, not speed), at most 8 of 12, so the burst spills.
+    # 12 at once: the home's bound is 1.5x its share of all in flight (equal shares once both
+    # are warm: slow-start weights, not speed), at most 9 of 12, and the other replica takes a
+    # request while it would stay within its share / 1.5, so the burst spills.
     with ThreadPoolExecutor(12) as pool:
         burst = list(pool.map(one, range(100, 112)))
     assert [r.status_code for r in burst] == [200] * 12, [r.text[:200] for r in burst]
     final = [_replica_counters(r) for r in replicas]
     took = [f[0] - a[0] for f, a in zip(final, after)]
     routing = _routing_once_idle(server, api, "after the affinity burst")
-    # home to its bound, the rest spilled
+    # home to its bound (or the other below its floor), the rest spilled
     assert sum(took) == 12 and min(took) >= 1, (took, routing["affinity"], routing["in_flight"])
     outcomes = routing["affinity"]["outcomes"]
     assert outcomes["spilled"] - outcomes_before["spilled"] >= 1, routing["affinity"]

@@ -152,6 +152,46 @@ def test_zipf_trace_keeps_keys_at_home_and_loads_within_the_bound():
     assert sum(ledger.keys_per_instance().values()) == 30
 
 
+def test_an_instance_far_below_its_share_takes_requests_whose_home_is_above_its_own():
+    """The bound's other side. 30 keys whose homes are all on instances 1 and 2 (3 is last on the
+    ring for each), Zipf popularity, a closed loop of 12 at load bound 1.5: by the upper bound
+    alone 1 and 2 hold all 12 (each may hold 7) and 3 stays idle; with the floor, an instance
+    that stays within its share / 1.5 with one more takes a request whose place would pass its
+    share, so 3 carries load, and most requests still go home."""
+    ring = Ring([1, 2, 3])
+    keys = []
+    n = 0
+    while len(keys) < 30:
+        key = key_of(body(system=f"schema {n}: " + SYSTEM))
+        n += 1
+        if ring.walk(key.point)[-1] == 3:
+            keys.append(key)
+    rng = random.Random(11)
+    weights = [1 / (k + 1) for k in range(30)]
+    ledger = Ledger()
+    counts = {1: 0, 2: 0, 3: 0}
+    area = Counter()
+    in_flight = []
+    for _ in range(3000):
+        if len(in_flight) >= 12:
+            done = in_flight.pop(rng.randrange(len(in_flight)))
+            counts[done] -= 1
+        fair = (sum(counts.values()) + 1) / 3
+        got = ledger.choose(keys[rng.choices(range(30), weights)[0]], [1, 2, 3], counts, 1.5)
+        # never above its share while another sits below share / bound
+        assert counts[got] + 1 <= fair or not any(counts[i] + 1 <= fair / 1.5 for i in counts if i != got), (got, counts)
+        assert counts[got] + 1 <= math.ceil(1.5 * fair)  # and the upper bound holds
+        counts[got] += 1
+        in_flight.append(got)
+        area.update(counts)
+    # 3 holds about its share / 1.5 (less one: it takes a request while it stays within that)
+    assert area[3] / 3000 >= 12 / 3 / 1.5 - 1 and max(area.values()) / 3000 <= 1.5 * 13 / 3, area
+    outcomes = ledger.snapshot()["outcomes"]
+    assert outcomes["home"] > outcomes["spilled"], outcomes
+    # without the floor (the upper bound alone) 3 would never be chosen: the closed loop fits 1 and 2
+    assert capacities([1, 2, 3], {1: 6, 2: 5, 3: 0}, 1.5) == {1: 6, 2: 6, 3: 6}
+
+
 def test_a_replica_that_leaves_takes_only_its_keys_with_it_in_the_choice():
     keys = [key_of(body(system=f"{n} " + SYSTEM)) for n in range(300)]
     before = {k: Ledger().choose(k, [1, 2, 3], {}, 1.25) for k in keys}

@@ -143,7 +143,7 @@ def test_shipped_policy_file_is_valid_and_default():
     assert policy.proxy.balance.value == "expected_finish_time" and policy.proxy.slow_start.ramp_s == 30
     assert policy.proxy.retry_once and policy.gateway.least_load and policy.proxy.gc_freeze
     assert policy.gateway.session_affinity.value == "off"
-    assert policy.proxy.affinity.enabled and policy.proxy.affinity.load_bound == 1.25
+    assert policy.proxy.affinity.enabled and policy.proxy.affinity.load_bound == 1.5
 
 
 @pytest.mark.parametrize("document, names", [
