@@ -17,6 +17,8 @@ too), a boolean is not a number.
 import copy
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from gpustack_dspark.worker import one_of
+
 # Keywords whose value is a subschema, a list of them, or a map of them (draft 4 to 2020-12).
 _ONE = ("items", "additionalItems", "additionalProperties", "contains", "not", "if", "then", "else",
         "propertyNames", "unevaluatedItems", "unevaluatedProperties")
@@ -99,30 +101,16 @@ def conflict(schema: Any) -> Optional[str]:
 
 
 def unsatisfiable(schema: Any) -> Optional[str]:
-    """Why no document satisfies `schema` because a node every document reaches (the root,
-    `allOf` members, required properties of an object) admits no value of its enum, or None."""
-    def walk(node: Any, where: str) -> Optional[str]:
-        if not isinstance(node, dict):
-            return None
+    """Why no document satisfies `schema` because a node every document reaches (`one_of.reached`:
+    the root, `allOf` members, local `$ref`s, required properties of an object) admits no value
+    of its enum, or None."""
+    for node, where in one_of.reached(schema):
         if admitted(node) == []:
             values = _values(node) or []
             shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
             return (f"no document satisfies the schema: at {where}, {'const' if 'const' in node else 'enum'} "
                     f"[{shown}] has no value of type {node['type']!r}, and both must hold")
-        for member in node.get("allOf") or [] if isinstance(node.get("allOf"), list) else []:
-            found = walk(member, where)
-            if found:
-                return found
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) \
-            and node.get("type") in ("object", ["object"]) else {}
-        for key in node.get("required") or [] if isinstance(node.get("required"), list) else []:
-            if key in properties:
-                found = walk(properties[key], key if where == "(root)" else f"{where}.{key}")
-                if found:
-                    return found
-        return None
-
-    return walk(schema, "(root)")
+    return None
 
 
 def narrowed(schema: Any) -> Tuple[Any, List[str]]:

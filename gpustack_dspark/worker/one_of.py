@@ -17,7 +17,7 @@ schemas make that certain, whatever the model writes, and are decided here befor
 """
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from gpustack_dspark.worker.request_limits import ref_target
 
@@ -63,19 +63,41 @@ def _ref_hides_siblings(root: Any) -> bool:
     return isinstance(draft, str) and any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
 
 
-def unsatisfiable(schema: Any) -> Optional[str]:
-    """Why no document satisfies `schema` because of a `oneOf` (see the module docstring), or
-    None. Walks only the places every document reaches: the root, `allOf` members, local
-    `$ref`s and required properties."""
+def reached(schema: Any) -> Iterator[Tuple[Dict[str, Any], str]]:
+    """The places every document reaches, with where ("(root)", "dimensions.radius"): the
+    root, `allOf` members, local `$ref`s (alone where the draft ignores a `$ref`'s siblings)
+    and required properties of a value that must be an object (a value of another type
+    satisfies `required` and `properties` without having them). Each node once, in the order
+    a reader meets them."""
     seen = set()
+    hides = _ref_hides_siblings(schema)
 
-    def walk(node: Any, where: str) -> Optional[str]:
+    def walk(node: Any, where: str) -> Iterator[Tuple[Dict[str, Any], str]]:
         if not isinstance(node, dict) or id(node) in seen:
-            return None
+            return
         seen.add(id(node))
         target = ref_target(schema, node.get("$ref"))
-        if target is not None and _ref_hides_siblings(schema):
-            return walk(target, where)
+        if target is not None and hides:
+            yield from walk(target, where)
+            return
+        yield node, where
+        for member in node.get("allOf") or [] if isinstance(node.get("allOf"), list) else []:
+            yield from walk(member, where)
+        if target is not None:
+            yield from walk(target, where)
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) \
+            and node.get("type") in ("object", ["object"]) else {}
+        for key in node.get("required") or [] if isinstance(node.get("required"), list) else []:
+            if key in properties:
+                yield from walk(properties[key], key if where == "(root)" else f"{where}.{key}")
+
+    return walk(schema, "(root)")
+
+
+def unsatisfiable(schema: Any) -> Optional[str]:
+    """Why no document satisfies `schema` because of a `oneOf` (see the module docstring), or
+    None. Looks only at the places every document reaches (`reached`)."""
+    for node, where in reached(schema):
         branches = node.get("oneOf")
         if isinstance(branches, list):
             held = [i for i, branch in enumerate(branches) if _implied(branch, node)]
@@ -84,26 +106,7 @@ def unsatisfiable(schema: Any) -> Optional[str]:
                         f"{', '.join(map(str, held))} hold for every value the schema allows there "
                         "(they only require keys that are required anyway, or assert nothing), and "
                         "oneOf allows exactly one")
-        for member in node.get("allOf") or [] if isinstance(node.get("allOf"), list) else []:
-            found = walk(member, where)
-            if found:
-                return found
-        if target is not None:
-            found = walk(target, where)
-            if found:
-                return found
-        # A required property is reached only when the value must be an object (a value of
-        # another type satisfies `required` and `properties` without having it).
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) \
-            and node.get("type") in ("object", ["object"]) else {}
-        for key in node.get("required") or [] if isinstance(node.get("required"), list) else []:
-            if key in properties:
-                found = walk(properties[key], key if where == "(root)" else f"{where}.{key}")
-                if found:
-                    return found
-        return None
-
-    return walk(schema, "(root)")
+    return None
 
 
 def negated(schema: Any) -> Optional[Any]:

@@ -57,6 +57,9 @@ def test_where_every_document_must_have_a_value_of_none_it_is_unsatisfiable():
     nested = {"type": "object", "required": ["a"], "properties": {"a": {"allOf": [{"const": 1, "type": "string"}]}}}
     assert "at a" in enum_type.unsatisfiable(nested)
     assert enum_type.unsatisfiable({"const": "x", "type": "number"}).startswith("no document satisfies the schema: at (root)")
+    via_ref = {"type": "object", "required": ["m"], "properties": {"m": {"$ref": "#/$defs/m"}},
+               "$defs": {"m": {"enum": [1, 2], "type": "string"}}}
+    assert "at m, enum [1, 2]" in enum_type.unsatisfiable(via_ref)
     # no type: a number satisfies required/properties without having the property
     assert enum_type.unsatisfiable({"required": ["mode"], "properties": CLUSTERFILES["properties"]}) is None
 
