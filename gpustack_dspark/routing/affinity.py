@@ -25,10 +25,9 @@ Three pieces:
   than `load_bound` times the mean, and one ramping in takes less. The other side: an instance
   that with one more request stays within its share / `load_bound` takes a keyed request whose
   place would pass its share (hot keys whose homes share two instances no longer leave the
-  third idle). Speed is not in the bound
-  (the live estimates are noisy on CPU: twice another's after a few answers would let a home
-  hold 8 of 9 in flight); expected finish time still places every request without a key, and
-  every keyed one when all are at their bound.
+  third idle). Speed is not in the bound (the live estimates are noisy on CPU: twice
+  another's after a few answers would let a home hold 8 of 9 in flight); expected finish time
+  still places every request without a key, and every keyed one when all are at their bound.
 """
 
 import bisect
@@ -198,8 +197,9 @@ def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapp
     is below its capacity; None when every candidate is at capacity (the caller balances by load).
     The bound's other side: when that instance would hold more than its fair share while another
     would hold at most its fair share / `load_bound` with the request, the least loaded of those
-    takes it instead (a spill too): hot keys whose homes share a few instances would otherwise leave one
-    nearly idle (in-flight averages 5.2 / 4.8 / 1.8 at `load_bound` 1.5 in the benchmark)."""
+    takes it instead (a spill too): hot keys whose homes share a few instances would otherwise
+    leave one nearly idle (in-flight averages 5.2 / 4.8 / 1.8 at `load_bound` 1.5 in the
+    benchmark)."""
     allowed = set(candidates)
     order = [i for i in ring.walk(key.point) if i in allowed]
     if not order:

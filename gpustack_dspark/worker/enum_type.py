@@ -118,9 +118,9 @@ def narrowed(schema: Any) -> Tuple[Any, List[str]]:
     such `enum`/`const` keeps only the values of its type; an optional property left with none
     is taken out of its object's `properties` where that object admits no other keys
     (`additionalProperties` false, or absent, which vLLM's xgrammar reads as false and the copy
-    then says), since no value can be written for it. Every document the copy admits, `schema`
-    admits. A node left with no value elsewhere is kept as it is (the reply
-    check withholds a reply that uses it)."""
+    then says) and has no `patternProperties`, since no value can be written for it. Every
+    document the copy admits, `schema` admits. A node left with no value elsewhere is kept as
+    it is (the reply check withholds a reply that uses it)."""
     if conflict(schema) is None:
         return schema, []
     root = copy.deepcopy(schema)
@@ -131,7 +131,8 @@ def narrowed(schema: Any) -> Tuple[Any, List[str]]:
         if not isinstance(node, dict):
             continue
         properties = node.get("properties")
-        if isinstance(properties, dict) and node.get("additionalProperties", False) is False:
+        if isinstance(properties, dict) and node.get("additionalProperties", False) is False \
+                and not node.get("patternProperties"):  # else a pattern could admit the key alone
             required = node.get("required") if isinstance(node.get("required"), list) else []
             for name in [n for n, sub in properties.items() if n not in required and admitted(sub) == []]:
                 properties.pop(name)

@@ -97,6 +97,12 @@ def test_an_open_object_keeps_a_property_that_admits_no_value():
     assert notes == [] and narrowed == schema and enum_type.conflict(narrowed) == "enum beside type 'object' at /properties/mode"
 
 
+def test_a_property_a_pattern_could_admit_stays():
+    schema = {**CLUSTERFILES, "patternProperties": {"^m": {"type": "string"}}}
+    narrowed, notes = enum_type.narrowed(schema)
+    assert notes == [] and narrowed == schema  # taken out, "mode": "x" would pass the pattern alone
+
+
 def test_schemas_without_the_conflict_are_returned_as_they_are():
     for schema in ({"type": "object", "properties": {"a": {"enum": ["x"], "type": "string"}}}, {"enum": [1, "a"]}, True):
         assert enum_type.conflict(schema) is None and enum_type.narrowed(schema) == (schema, [])
