@@ -180,8 +180,11 @@ def capacities(candidates: Sequence[int], counts: Mapping[int, int], load_bound:
                shares: Optional[Mapping[int, float]] = None) -> Dict[int, int]:
     """Per instance, how many requests it may hold in flight counting the new one:
     `ceil(load_bound x (total + 1) x share)`, at least 1; `shares` default to equal."""
-    fair = fair_shares(candidates, counts, shares)
-    return {c: max(1, math.ceil(load_bound * fair[c] - 1e-9)) for c in candidates}
+    return _capacities(fair_shares(candidates, counts, shares), load_bound)
+
+
+def _capacities(fair: Mapping[int, float], load_bound: float) -> Dict[int, int]:
+    return {c: max(1, math.ceil(load_bound * share - 1e-9)) for c, share in fair.items()}
 
 
 @dataclass(frozen=True)
@@ -204,11 +207,11 @@ def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapp
     order = [i for i in ring.walk(key.point) if i in allowed]
     if not order:
         return None
-    caps = capacities(order, counts, load_bound, shares)
+    fair = fair_shares(order, counts, shares)  # once per request: this is the proxy's hot path
+    caps = _capacities(fair, load_bound)
     placed = next((n for n, i in enumerate(order) if counts.get(i, 0) + 1 <= caps[i]), None)
     if placed is None:
         return None
-    fair = fair_shares(order, counts, shares)
     if counts.get(order[placed], 0) + 1 > fair[order[placed]]:
         idle = [n for n, i in enumerate(order) if counts.get(i, 0) + 1 <= fair[i] / load_bound]
         if idle:

@@ -532,8 +532,9 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
             if not plan.problem:
                 return replace(plan, dropped=list(plan.dropped) + notes)
     if problem is None:
-        if isinstance(schema, dict) and enum_type.conflict(schema):
-            return _enum_type_plan(schema, dual)
+        found = enum_type.conflict(schema) if isinstance(schema, dict) else None
+        if found:
+            return _enum_type_plan(schema, dual, found)
         return EnginePlan("xgrammar", schema, [])
     unsupported = xgrammar_unsupported(schema)
     if dual:
@@ -559,10 +560,10 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
     return EnginePlan(problem=problem)
 
 
-def _enum_type_plan(schema: Dict[str, Any], dual: bool) -> EnginePlan:
-    """xgrammar ignores `type` beside `enum`/`const` (enum_type.py): llguidance, which reads them
-    as JSON Schema does, where the replica has it; else xgrammar on the narrowed form (exact
-    unless a node is left with no value its type admits)."""
+def _enum_type_plan(schema: Dict[str, Any], dual: bool, found: str) -> EnginePlan:
+    """xgrammar ignores `type` beside `enum`/`const` (enum_type.py; `found`: the first such
+    node): llguidance, which reads them as JSON Schema does, where the replica has it; else
+    xgrammar on the narrowed form (exact unless a node is left with no value its type admits)."""
     if dual:
         plan = _llguidance_plan(schema, marked=True, allow_lenient=False)
         if plan is not None:
@@ -571,7 +572,7 @@ def _enum_type_plan(schema: Dict[str, Any], dual: bool) -> EnginePlan:
     if notes and check_schema(narrowed) is None:
         left = enum_type.conflict(narrowed)
         return EnginePlan("xgrammar", narrowed, [left] if left else [])
-    return EnginePlan("xgrammar", schema, [enum_type.conflict(schema) or "enum beside type"])
+    return EnginePlan("xgrammar", schema, [found])
 
 
 def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optional[EnginePlan]:
@@ -650,8 +651,7 @@ def _exclusive_branch(branches: List[Any]) -> Any:
 def _relaxed_plan(schema: Any) -> Optional[EnginePlan]:
     """xgrammar with what vLLM's xgrammar backend refuses dropped, when that compiles."""
     relaxed, dropped = relax_for_xgrammar(schema)
-    if dropped:  # and what xgrammar would read otherwise than JSON Schema does (enum_type.py)
-        relaxed = enum_type.narrowed(relaxed)[0]
-    if dropped and check_schema(relaxed) is None:
-        return EnginePlan("xgrammar", relaxed, dropped)
-    return None
+    if not dropped:
+        return None
+    relaxed = enum_type.narrowed(relaxed)[0]  # and what xgrammar reads otherwise than JSON Schema
+    return EnginePlan("xgrammar", relaxed, dropped) if check_schema(relaxed) is None else None
