@@ -18,16 +18,20 @@ Three pieces:
 - `Ring`: consistent hashing over the candidate instances (`VNODES` points each), so a replica
   that leaves moves only its own keys and one that joins takes only its share.
 - `choose`: bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018, as HAProxy's
-  `hash-balance-factor`): walk the ring from the key's point and take the first instance whose
-  in-flight is below its capacity, `ceil(load_bound x (total in flight + 1) x share)`, where
-  `share` is its slow-start weight over the candidates' sum (equal once warm: the mean): a hot
-  key spills over to the next instance on the ring instead of piling up, no instance runs more
-  than `load_bound` times the mean, and one ramping in takes less. The other side: an instance
-  that with one more request stays within its share / `load_bound` takes a keyed request whose
-  place would pass its share (hot keys whose homes share two instances no longer leave the
-  third idle). Speed is not in the bound (the live estimates are noisy on CPU: twice
-  another's after a few answers would let a home hold 8 of 9 in flight); expected finish time
-  still places every request without a key, and every keyed one when all are at their bound.
+  `hash-balance-factor`): from the key's place (where the `Ledger` settled it; a new key: its point on the ring)
+  walk the ring and take the first instance whose in-flight is below its capacity,
+  `ceil(load_bound x (total in flight + 1) x share)`, where `share` is its slow-start weight over
+  the candidates' sum (equal once warm: the mean): a hot key spills over to the next instance on
+  the ring instead of piling up, no instance runs more than `load_bound` times the mean, and one
+  ramping in takes less. The other side: an instance that with one more request stays within its
+  share / `load_bound` takes a keyed request whose place would pass its share (hot keys whose
+  homes share two instances no longer leave the third idle), and the key settles there: its next
+  requests find their prefix where the last one left it instead of going home to a replica that is
+  over its share (a key that only borrows a replica leaves a cold prefix there and another behind:
+  simulated on the benchmark's workload, hit rate 0.87 → 0.91, in-flight max/min 1.2–2.0 →
+  1.02–1.07). Speed is not in the bound (the live estimates are noisy on CPU: twice another's
+  after a few answers would let a home hold 8 of 9 in flight); expected finish time still places
+  every request without a key, and every keyed one when all are at their bound.
 """
 
 import bisect
@@ -190,38 +194,50 @@ def _capacities(fair: Mapping[int, float], load_bound: float) -> Dict[int, int]:
 @dataclass(frozen=True)
 class Choice:
     instance: int
-    home: int  # the key's own instance on the ring
-    spilled: int  # how many instances before the chosen one were at capacity
+    home: int  # the key's place: where it lives now (the ledger's memory), else its ring point
+    spilled: int  # how many instances before the chosen one were at capacity (or passed over)
+    moved: bool = False  # the bound's other side took it: the key's place moves with it
 
 
 def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int],
-           load_bound: float, shares: Optional[Mapping[int, float]] = None) -> Optional[Choice]:
-    """The first instance from the key's point on the ring (among `candidates`) whose in-flight
-    is below its capacity; None when every candidate is at capacity (the caller balances by load).
+           load_bound: float, shares: Optional[Mapping[int, float]] = None,
+           place: Optional[int] = None) -> Optional[Choice]:
+    """The first instance from the key's place (`place`, where the ledger last settled it, if a
+    candidate; else its point on the ring), then on around the ring, whose in-flight is below
+    its capacity; None when every candidate is at capacity (the caller balances by load).
     The bound's other side: when that instance would hold more than its fair share while another
     would hold at most its fair share / `load_bound` with the request, the least loaded of those
-    takes it instead (a spill too): hot keys whose homes share a few instances would otherwise
-    leave one nearly idle (in-flight averages 5.2 / 4.8 / 1.8 at `load_bound` 1.5 in the
-    benchmark)."""
+    takes it instead (`moved`: the key settles there): hot keys whose homes share a few instances
+    would otherwise leave one nearly idle (in-flight averages 5.2 / 4.8 / 1.8 at `load_bound` 1.5
+    in the benchmark)."""
     allowed = set(candidates)
     order = [i for i in ring.walk(key.point) if i in allowed]
     if not order:
         return None
+    if place in allowed and order[0] != place:
+        order.remove(place)
+        order.insert(0, place)
     fair = fair_shares(order, counts, shares)  # once per request: this is the proxy's hot path
     caps = _capacities(fair, load_bound)
     placed = next((n for n, i in enumerate(order) if counts.get(i, 0) + 1 <= caps[i]), None)
     if placed is None:
         return None
+    moved = False
     if counts.get(order[placed], 0) + 1 > fair[order[placed]]:
         idle = [n for n, i in enumerate(order) if counts.get(i, 0) + 1 <= fair[i] / load_bound]
         if idle:
             placed = min(idle, key=lambda n: ((counts.get(order[n], 0) + 1) / fair[order[n]], n))
-    return Choice(order[placed], order[0], placed)
+            moved = True
+    return Choice(order[placed], order[0], placed, moved)
 
 
 class Ledger:
-    """The proxy's affinity state: rings by candidate set, counters, and which instance each
-    recent key went to (bounded). Not thread-safe: the tracker holds its lock around it."""
+    """The proxy's affinity state: rings by candidate set, counters, and where each recent key
+    lives (bounded). A key settles where its first request went; only the bound's other side
+    moves it (a request the floor takes: the key follows it, so its next requests find their
+    prefix there) or its instance leaving. A spill past the upper bound is overflow and does not
+    move it: a hot key's burst spreads, then comes home. Not thread-safe: the tracker holds its
+    lock around it."""
 
     MAX_RINGS = 64
     MAX_KEYS = 4096  # keys remembered for "keys per instance" (oldest forgotten first)
@@ -231,7 +247,7 @@ class Ledger:
         self._rings: Dict[frozenset, Ring] = {}
         self.outcomes: Dict[str, int] = {o: 0 for o in self.OUTCOMES}
         self.per_instance: Dict[int, Dict[str, int]] = {}
-        self._key_home: Dict[int, int] = {}  # key point -> instance it last went to (insertion = age)
+        self._place: Dict[int, int] = {}  # key point -> instance it lives on (insertion = last use)
 
     def ring(self, candidates: Sequence[int]) -> Ring:
         members = frozenset(candidates)
@@ -245,26 +261,29 @@ class Ledger:
     def choose(self, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
                shares: Optional[Mapping[int, float]] = None) -> Optional[int]:
         """The instance for a keyed request, or None when all are at capacity (counted)."""
-        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares)
+        place = self._place.pop(key.point, None)
+        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place)
         if choice is None:
             self.outcomes["all_full"] += 1
-            return None
-        outcome = "home" if choice.spilled == 0 else "spilled"
-        self.outcomes[outcome] += 1
-        entry = self.per_instance.setdefault(choice.instance, {"home": 0, "spilled_in": 0})
-        entry["home" if outcome == "home" else "spilled_in"] += 1
-        self._key_home.pop(key.point, None)
-        self._key_home[key.point] = choice.instance
-        if len(self._key_home) > self.MAX_KEYS:
-            self._key_home.pop(next(iter(self._key_home)))
-        return choice.instance
+        else:
+            outcome = "home" if choice.spilled == 0 else "spilled"
+            self.outcomes[outcome] += 1
+            entry = self.per_instance.setdefault(choice.instance, {"home": 0, "spilled_in": 0})
+            entry["home" if outcome == "home" else "spilled_in"] += 1
+            if place is None or choice.moved:
+                place = choice.instance
+        if place is not None:  # re-inserted: the most recently used
+            self._place[key.point] = place
+            if len(self._place) > self.MAX_KEYS:
+                self._place.pop(next(iter(self._place)))
+        return None if choice is None else choice.instance
 
     def unkeyed(self) -> None:
         self.outcomes["unkeyed"] += 1
 
     def keys_per_instance(self) -> Dict[int, int]:
         out: Dict[int, int] = {}
-        for instance in self._key_home.values():
+        for instance in self._place.values():
             out[instance] = out.get(instance, 0) + 1
         return out
 
@@ -272,14 +291,14 @@ class Ledger:
         keys = self.keys_per_instance()
         return {"outcomes": dict(self.outcomes),
                 "instances": {i: {**v, "keys": keys.get(i, 0)} for i, v in sorted(self.per_instance.items())},
-                "keys_remembered": len(self._key_home)}
+                "keys_remembered": len(self._place)}
 
     def forget(self, keep: Iterable[int]) -> None:
         keep = set(keep)
         for instance in [i for i in self.per_instance if i not in keep]:
             self.per_instance.pop(instance, None)
-        for point in [p for p, i in self._key_home.items() if i not in keep]:
-            self._key_home.pop(point, None)
+        for point in [p for p, i in self._place.items() if i not in keep]:
+            self._place.pop(point, None)
         for members in [m for m in self._rings if not m <= keep]:
             self._rings.pop(members, None)
 
