@@ -240,7 +240,7 @@ class Ledger:
     lock around it."""
 
     MAX_RINGS = 64
-    MAX_KEYS = 4096  # keys remembered for "keys per instance" (oldest forgotten first)
+    MAX_KEYS = 4096  # keys whose place is remembered (least recently used forgotten first)
     OUTCOMES = ("home", "spilled", "all_full", "unkeyed")
 
     def __init__(self) -> None:
