@@ -18,20 +18,20 @@ Three pieces:
 - `Ring`: consistent hashing over the candidate instances (`VNODES` points each), so a replica
   that leaves moves only its own keys and one that joins takes only its share.
 - `choose`: bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018, as HAProxy's
-  `hash-balance-factor`): from the key's place (where the `Ledger` settled it; a new key: its point on the ring)
-  walk the ring and take the first instance whose in-flight is below its capacity,
-  `ceil(load_bound x (total in flight + 1) x share)`, where `share` is its slow-start weight over
-  the candidates' sum (equal once warm: the mean): a hot key spills over to the next instance on
-  the ring instead of piling up, no instance runs more than `load_bound` times the mean, and one
-  ramping in takes less. The other side: an instance that with one more request stays within its
-  share / `load_bound` takes a keyed request whose place would pass its share (hot keys whose
-  homes share two instances no longer leave the third idle), and the key settles there: its next
-  requests find their prefix where the last one left it instead of going home to a replica that is
-  over its share (a key that only borrows a replica leaves a cold prefix there and another behind:
-  simulated on the benchmark's workload, hit rate 0.87 → 0.91, in-flight max/min 1.2–2.0 →
-  1.02–1.07). Speed is not in the bound (the live estimates are noisy on CPU: twice another's
-  after a few answers would let a home hold 8 of 9 in flight); expected finish time still places
-  every request without a key, and every keyed one when all are at their bound.
+  `hash-balance-factor`): from the key's place (where the `Ledger` settled it; a new key: its
+  point on the ring) walk the ring and take the first instance whose in-flight is below its
+  capacity, `ceil(load_bound x (total in flight + 1) x share)`, where `share` is its slow-start
+  weight over the candidates' sum (equal once warm: the mean): a hot key spills over to the next
+  instance on the ring instead of piling up, no instance runs more than `load_bound` times the
+  mean, and one ramping in takes less. The other side: an instance that with one more request
+  stays within its share / `load_bound` takes a keyed request whose place would pass its share
+  (hot keys whose homes share two instances no longer leave the third idle), and the key settles
+  there: its next requests find their prefix where the last one left it instead of going home to a
+  replica that is over its share (a key that only borrows a replica leaves a cold prefix there and
+  another behind: simulated on the benchmark's workload, hit rate 0.87 → 0.91, in-flight max/min
+  1.2–2.0 → 1.02–1.07). Speed is not in the bound (the live estimates are noisy on CPU: twice
+  another's after a few answers would let a home hold 8 of 9 in flight); expected finish time
+  still places every request without a key, and every keyed one when all are at their bound.
 """
 
 import bisect
