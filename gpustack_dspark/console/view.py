@@ -26,8 +26,8 @@ def knob_values(backend_parameters: Optional[List[str]]) -> Dict[str, Optional[s
 
 
 def affinity_view(routing: Optional[Mapping[str, Any]], counters: Optional[Counters]) -> Dict[str, Any]:
-    """Affinity at one replica: the proxy's counts (keys whose last request came here, requests
-    at their key's home, requests spilled in from a full home) and the replica's own cache
+    """Affinity at one replica: the proxy's counts (keys living here, requests at their key's
+    home, requests spilled in from a full home or to even the load) and the replica's own cache
     figures since it started (prefix-cache hit rate, grammar compiles)."""
     routing = routing or {}
     values = counters.values if counters else {}

@@ -15,10 +15,10 @@ default registry, so registering here is all it takes. Names:
   instance), no_other_instance (nothing to retry on), broken_streams or silent_given_up (a
   try whose replica sent nothing for `proxy.silence_timeout_s` and failed its health check).
 - `dspark_routing_affinity_total{outcome}` counter: requests with an affinity key sent to their
-  key's home replica (home), to the next one on the ring past a full home (spilled), by load
+  key's home replica (home), elsewhere past a full home or to a nearly idle one (spilled), by load
   because every replica was at its bound (all_full); unkeyed: no schema or shared prefix.
-- `dspark_routing_affinity_keys{instance_id}` gauge: affinity keys whose last request went to
-  the instance (of the last 4,096 keys seen).
+- `dspark_routing_affinity_keys{instance_id}` gauge: affinity keys living on the instance (where
+  a key's first request went, or where the load bound's other side moved it; of the last 4,096).
 - `dspark_json_responses_checked_total{model_name, model_instance_id, result}` counter: JSON replies
   checked in the proxy (format_check.py); result ok / not_json / schema_mismatch /
   truncated / unchecked.
@@ -88,7 +88,7 @@ class RoutingCollector:
         for outcome, count in sorted(affinity["outcomes"].items()):
             outcomes.add_metric([outcome], count)
         yield outcomes
-        keys = GaugeMetricFamily(AFFINITY_KEYS, "Affinity keys whose last request went to the instance",
+        keys = GaugeMetricFamily(AFFINITY_KEYS, "Affinity keys living on the instance",
                                  labels=["instance_id"])
         for instance_id, entry in affinity["instances"].items():
             keys.add_metric([str(instance_id)], entry["keys"])
