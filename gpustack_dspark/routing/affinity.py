@@ -20,18 +20,25 @@ Three pieces:
 - `choose`: bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018, as HAProxy's
   `hash-balance-factor`): from the key's place (where the `Ledger` settled it; a new key: its
   point on the ring) walk the ring and take the first instance whose in-flight is below its
-  capacity, `ceil(load_bound x (total in flight + 1) x share)`, where `share` is its slow-start
-  weight over the candidates' sum (equal once warm: the mean): a hot key spills over to the next
-  instance on the ring instead of piling up, no instance runs more than `load_bound` times the
-  mean, and one ramping in takes less. The other side: an instance that with one more request
-  stays within its share / `load_bound` takes a keyed request whose place would pass its share
-  (hot keys whose homes share two instances no longer leave the third idle), and the key settles
-  there: its next requests find their prefix where the last one left it instead of going home to a
-  replica that is over its share (a key that only borrows a replica leaves a cold prefix there and
-  another behind: simulated on the benchmark's workload, hit rate 0.87 → 0.91, in-flight max/min
-  1.2–2.0 → 1.02–1.07). Speed is not in the bound (the live estimates are noisy on CPU: twice
-  another's after a few answers would let a home hold 8 of 9 in flight); expected finish time
-  still places every request without a key, and every keyed one when all are at their bound.
+  capacity, `ceil(max(load_bound x fair, fair + 2 sqrt(fair)))` with `fair = (total in flight
+  + 1) x share`, where `share` is its slow-start weight over the candidates' sum (equal once
+  warm: the mean): a hot key spills over to the next instance on the ring instead of piling up,
+  no instance runs more than `load_bound` times the mean once many are in flight, and one
+  ramping in takes less. The square-root term is the noise of a balanced count (`NOISE_SIGMAS`
+  standard deviations): with few in flight per instance (4 in the benchmark's closed loop of 12
+  over three) `load_bound` alone spills one request in eight on chance alone, each a cold
+  prefix elsewhere. The other side: an instance whose level (in-flight averaged over about two
+  request lifetimes of choices: the `Ledger`'s) stays within its share / `load_bound` takes a
+  keyed request whose place's level is past its share (hot keys whose homes share two instances
+  no longer leave the third idle), and the key settles there: its next requests find their
+  prefix where the last one left it. On levels, not counts: a balanced closed loop's counts dip
+  that low by chance, and a move on a dip pays a cold prefix for nothing. Simulated on the
+  benchmark's workload (30 Zipf keys, LRU prefix caches; a scratch script, not committed): the
+  linear bound with the floor on counts, hit rate 0.87, in-flight max/min 1.01–1.10; the noise
+  band and levels, 0.94–0.96 and 1.13–1.30. Speed is not in the bound (the live estimates are
+  noisy on CPU: twice another's after a few answers would let a home hold 8 of 9 in flight);
+  expected finish time still places every request without a key, and every keyed one when all
+  are at their bound.
 """
 
 import bisect
@@ -45,6 +52,10 @@ from gpustack_dspark.routing.intent import requested_schema
 
 BLOCK_BYTES = 256  # the unit a prefix keys in; a leading part below it does not key
 VNODES = 64  # ring points per instance: an even split of keys within a few percent
+# The in-flight noise of a balanced instance, in standard deviations: each of N requests in flight
+# sits on an instance with probability `share`, so its count's standard deviation is at most
+# sqrt(its fair share). The bound and its other side leave counts within this band alone.
+NOISE_SIGMAS = 2.0
 
 
 @dataclass(frozen=True)
@@ -183,12 +194,14 @@ def fair_shares(candidates: Sequence[int], counts: Mapping[int, int],
 def capacities(candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
                shares: Optional[Mapping[int, float]] = None) -> Dict[int, int]:
     """Per instance, how many requests it may hold in flight counting the new one:
-    `ceil(load_bound x (total + 1) x share)`, at least 1; `shares` default to equal."""
+    `ceil(max(load_bound x fair, fair + NOISE_SIGMAS x sqrt(fair)))`, at least 1, where `fair` is
+    `(total + 1) x share`; `shares` default to equal."""
     return _capacities(fair_shares(candidates, counts, shares), load_bound)
 
 
 def _capacities(fair: Mapping[int, float], load_bound: float) -> Dict[int, int]:
-    return {c: max(1, math.ceil(load_bound * share - 1e-9)) for c, share in fair.items()}
+    return {c: max(1, math.ceil(max(load_bound * f, f + NOISE_SIGMAS * math.sqrt(f)) - 1e-9))
+            for c, f in fair.items()}
 
 
 @dataclass(frozen=True)
@@ -201,15 +214,18 @@ class Choice:
 
 def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int],
            load_bound: float, shares: Optional[Mapping[int, float]] = None,
-           place: Optional[int] = None) -> Optional[Choice]:
+           place: Optional[int] = None, levels: Optional[Mapping[int, float]] = None) -> Optional[Choice]:
     """The first instance from the key's place (`place`, where the ledger last settled it, if a
     candidate; else its point on the ring), then on around the ring, whose in-flight is below
     its capacity; None when every candidate is at capacity (the caller balances by load).
-    The bound's other side: when that instance would hold more than its fair share while another
-    would hold at most its fair share / `load_bound` with the request, the least loaded of those
-    takes it instead (`moved`: the key settles there): hot keys whose homes share a few instances
-    would otherwise leave one nearly idle (in-flight averages 5.2 / 4.8 / 1.8 at `load_bound` 1.5
-    in the benchmark)."""
+    The bound's other side, on the instances' `levels` (their in-flight averaged over recent
+    choices; the counts themselves when not given): when that instance's level is above its fair
+    share while another's is within its fair share / `load_bound` (and its count within its share),
+    the least loaded of those takes the request instead (`moved`: the key settles there): hot keys
+    whose homes share a few instances would otherwise leave one nearly idle (in-flight averages
+    5.2 / 4.8 / 1.8 at `load_bound` 1.5 in the benchmark). On levels, not counts: a closed loop's
+    counts dip below the floor by chance (a balanced instance with a share of 4 sits at 0 or 1 in
+    flight one choice in thirteen), and each such move costs a cold prefix."""
     allowed = set(candidates)
     order = [i for i in ring.walk(key.point) if i in allowed]
     if not order:
@@ -223,8 +239,13 @@ def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapp
     if placed is None:
         return None
     moved = False
-    if counts.get(order[placed], 0) + 1 > fair[order[placed]]:
-        idle = [n for n, i in enumerate(order) if counts.get(i, 0) + 1 <= fair[i] / load_bound]
+    if levels is None:
+        levels, level_fair = counts, fair
+    else:
+        level_fair = fair_shares(order, levels, shares)
+    if levels.get(order[placed], 0) + 1 > level_fair[order[placed]]:
+        idle = [n for n, i in enumerate(order) if levels.get(i, 0) + 1 <= level_fair[i] / load_bound
+                and counts.get(i, 0) + 1 <= fair[i]]
         if idle:
             placed = min(idle, key=lambda n: ((counts.get(order[n], 0) + 1) / fair[order[n]], n))
             moved = True
@@ -232,22 +253,35 @@ def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapp
 
 
 class Ledger:
-    """The proxy's affinity state: rings by candidate set, counters, and where each recent key
-    lives (bounded). A key settles where its first request went; only the bound's other side
-    moves it (a request the floor takes: the key follows it, so its next requests find their
-    prefix there) or its instance leaving. A spill past the upper bound is overflow and does not
-    move it: a hot key's burst spreads, then comes home. Not thread-safe: the tracker holds its
-    lock around it."""
+    """The proxy's affinity state: rings by candidate set, counters, where each recent key lives
+    (bounded), and each instance's level (its in-flight averaged over recent choices: the floor's
+    input). A key settles where its first request went; only the bound's other side moves it (a
+    request the floor takes: the key follows it, so its next requests find their prefix there)
+    or its instance leaving. A spill past the upper bound is overflow and does not move it: a hot
+    key's burst spreads, then comes home. Not thread-safe: the tracker holds its lock around it."""
 
     MAX_RINGS = 64
     MAX_KEYS = 4096  # keys whose place is remembered (least recently used forgotten first)
     OUTCOMES = ("home", "spilled", "all_full", "unkeyed")
+    # An instance's level averages its in-flight over about this many times the number in flight
+    # of recent choices: two request lifetimes in a closed loop, whatever the load.
+    LEVEL_LIFETIMES = 2.0
 
     def __init__(self) -> None:
         self._rings: Dict[frozenset, Ring] = {}
         self.outcomes: Dict[str, int] = {o: 0 for o in self.OUTCOMES}
         self.per_instance: Dict[int, Dict[str, int]] = {}
         self._place: Dict[int, int] = {}  # key point -> instance it lives on (insertion = last use)
+        self.levels: Dict[int, float] = {}  # instance -> its in-flight averaged over recent choices
+
+    def observe(self, candidates: Sequence[int], counts: Mapping[int, int]) -> None:
+        """One choice among `candidates` (keyed or not): each one's level moves toward its count
+        by 1 / (`LEVEL_LIFETIMES` x (all in flight + 1)); a new instance starts at its count."""
+        weight = 1.0 / (self.LEVEL_LIFETIMES * (sum(max(0, counts.get(c, 0)) for c in candidates) + 1))
+        for c in candidates:
+            count = max(0, counts.get(c, 0))
+            level = self.levels.get(c)
+            self.levels[c] = float(count) if level is None else level + (count - level) * weight
 
     def ring(self, candidates: Sequence[int]) -> Ring:
         members = frozenset(candidates)
@@ -261,8 +295,9 @@ class Ledger:
     def choose(self, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
                shares: Optional[Mapping[int, float]] = None) -> Optional[int]:
         """The instance for a keyed request, or None when all are at capacity (counted)."""
+        self.observe(candidates, counts)
         place = self._place.pop(key.point, None)
-        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place)
+        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place, self.levels)
         if choice is None:
             self.outcomes["all_full"] += 1
         else:
@@ -278,7 +313,8 @@ class Ledger:
                 self._place.pop(next(iter(self._place)))
         return None if choice is None else choice.instance
 
-    def unkeyed(self) -> None:
+    def unkeyed(self, candidates: Sequence[int] = (), counts: Optional[Mapping[int, int]] = None) -> None:
+        self.observe(candidates, counts or {})
         self.outcomes["unkeyed"] += 1
 
     def keys_per_instance(self) -> Dict[int, int]:
@@ -299,10 +335,12 @@ class Ledger:
             self.per_instance.pop(instance, None)
         for point in [p for p, i in self._place.items() if i not in keep]:
             self._place.pop(point, None)
+        for instance in [i for i in self.levels if i not in keep]:
+            self.levels.pop(instance, None)
         for members in [m for m in self._rings if not m <= keep]:
             self._rings.pop(members, None)
 
 
-__all__ = ["AffinityConfig", "Ledger", "AffinityKey", "BLOCK_BYTES", "Choice", "Ring", "VNODES", "capacities", "choose",
-           "fair_shares",
-           "leading_part", "prefix_hash", "request_keys", "schema_hash"]
+__all__ = ["AffinityConfig", "Ledger", "AffinityKey", "BLOCK_BYTES", "Choice", "NOISE_SIGMAS", "Ring", "VNODES",
+           "capacities", "choose", "fair_shares", "leading_part", "prefix_hash", "request_keys",
+           "schema_hash"]

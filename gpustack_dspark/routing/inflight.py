@@ -113,7 +113,7 @@ class InFlightTracker:
                          if mode == EXPECTED_FINISH_TIME else None)
             if self.affinity_config.enabled:
                 if key is None:
-                    self.affinity.unkeyed()
+                    self.affinity.unkeyed(candidates, self._counts)
                 else:
                     chosen = self.affinity.choose(key, candidates, self._counts, self.affinity_config.load_bound,
                                                   weights)
@@ -145,6 +145,8 @@ class InFlightTracker:
                     "weight": round(self.slow_start.weight(instance_id, now), 4),
                     "affinity_keys": keys.get(instance_id, 0), "affinity_home": placed.get("home", 0),
                     "affinity_spilled_in": placed.get("spilled_in", 0),
+                    # in flight averaged over recent choices (the floor's input), unrounded: replayable
+                    "affinity_level": self.affinity.levels.get(instance_id),
                 }
             return out
 

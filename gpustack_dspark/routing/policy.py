@@ -46,7 +46,8 @@ class AffinityPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     # A replica takes a keyed request while its in-flight is below load_bound x its fair share
-    # of the fleet's in-flight (+1); past that the request goes to the next replica on the ring.
+    # of the fleet's in-flight (+1), or within two standard deviations of a balanced count where
+    # that is more (few in flight); past that the request goes to the next replica on the ring.
     load_bound: float = Field(1.5, ge=1.0, le=10.0)
     # Bytes of the prompt's leading part (every message but the last) that key a request, in
     # whole blocks of 256; a leading part under one block keys by its schema only.

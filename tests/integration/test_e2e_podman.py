@@ -114,8 +114,10 @@ def test_replicas_go_starting_then_running_only_once_warm(stack):
 def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     """How the routing policy splits `bodies` sent together, from the proxy's own state now
     (nothing in flight): the pure rules applied to GET /v2/dspark/status, by instance id. A
-    keyed request (each order body: a schema and a lone message over one block) goes to its
-    place on the affinity ring within the load bound (routing/affinity.py); when every replica
+    keyed request (each order body: a schema and a lone message over one block, a new key) goes
+    to its place on the affinity ring within the load bound, the replicas' levels (in flight
+    averaged over recent choices, from the status) deciding the bound's other side
+    (routing/affinity.py, replayed on a ledger as the proxy's tracker does); when every replica
     is at its bound, or the request has no key, expected finish time with slow start decides
     (routing/speed.py)."""
     routing = dspark_status(s.server, s.api.api_key)["routing"]
@@ -125,12 +127,14 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     ids = sorted(i["id"] for i in s.instances())
     estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
     weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
-    ring = affinity.Ring(ids)
+    ledger = affinity.Ledger()
+    ledger.levels.update({i: rows[str(i)]["affinity_level"] for i in ids
+                          if (rows.get(str(i)) or {}).get("affinity_level") is not None})
     counts: Dict[int, int] = {i: 0 for i in ids}
     for turn, body in enumerate(bodies):
         key = affinity.request_keys(body["model"], body, config)
-        placed = affinity.choose(ring, key, ids, counts, config.load_bound, weights) if key else None
-        chosen = placed.instance if placed else speed.pick(ids, counts, turn, estimates, weights)
+        placed = ledger.choose(key, ids, counts, config.load_bound, weights) if key else None
+        chosen = placed if placed is not None else speed.pick(ids, counts, turn, estimates, weights)
         counts[chosen] += 1
     return counts
 
@@ -141,11 +145,11 @@ def test_json_through_gpustack_is_valid_and_spread_by_the_routing_rule(stack):
     # (seconds each on CPU), so the split follows the routing rule on the proxy's state at the
     # wave's start. With affinity on (the default) each order body is keyed (its schema and the
     # first 256-byte block of its lone message, which names the order): it goes to its key's
-    # replica on the ring within the load bound (1.5x the mean; a replica that would stay within
-    # the mean / 1.5 takes one whose place would pass the mean), as `affinity.choose` computes
-    # in `_expected_wave`; with affinity off, expected finish time: 2/2 for replicas of about
-    # the same speed, more to the faster one where one is clearly slower (on two shared cores
-    # one can be several times slower).
+    # replica on the ring within the load bound (1.5x the mean, or two standard deviations of a
+    # balanced count; a replica whose level stays within the mean / 1.5 takes one whose place's
+    # level would pass the mean), as the ledger computes in `_expected_wave`; with affinity off,
+    # expected finish time: 2/2 for replicas of about the same speed, more to the faster one
+    # where one is clearly slower (on two shared cores one can be several times slower).
     responses, splits, expected = [], [], []
     with ThreadPoolExecutor(4) as pool:
         for wave in range(4):

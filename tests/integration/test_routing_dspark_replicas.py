@@ -215,8 +215,10 @@ def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_boun
     assert affinity["active"] and affinity["outcomes"]["home"] - outcomes_before["home"] == 6, affinity
 
     # 12 at once: the home's bound is 1.5x its share of all in flight (equal shares once both
-    # are warm: slow-start weights, not speed), at most 9 of 12, and the other replica takes a
-    # request while it would stay within its share / 1.5, so the burst spills.
+    # are warm: slow-start weights, not speed) or two standard deviations of a balanced count,
+    # at most 11 of 12, and the other replica takes a request (and the key) once its level, the
+    # in-flight averaged over recent choices, stays within its share / 1.5 while the home's
+    # passes its share (about the burst's eighth request), so the burst spills.
     with ThreadPoolExecutor(12) as pool:
         burst = list(pool.map(one, range(100, 112)))
     assert [r.status_code for r in burst] == [200] * 12, [r.text[:200] for r in burst]

@@ -97,11 +97,14 @@ def test_ring_moves_only_the_leaving_replicas_keys_and_a_joining_one_takes_only_
     assert Ring([7, 8]).walk(points[0]) in ([7, 8], [8, 7]) and Ring([]).walk(1) == []
 
 
-def test_capacity_is_the_load_bound_times_the_fair_share():
-    assert capacities([1, 2], {1: 0, 2: 0}, 1.25) == {1: 1, 2: 1}
-    assert capacities([1, 2, 3], {1: 5, 2: 5, 3: 5}, 1.25) == {1: 7, 2: 7, 3: 7}  # ceil(1.25 * 16 / 3)
+def test_capacity_is_the_load_bound_times_the_fair_share_or_its_noise_whichever_is_larger():
+    # many in flight: the bound (ceil(1.5 x 91 / 3) = 46 > 91/3 + 2 sqrt(91/3) = 41.4)
+    assert capacities([1, 2, 3], {1: 30, 2: 30, 3: 30}, 1.5) == {1: 46, 2: 46, 3: 46}
+    # few: two standard deviations of a balanced count (16/3 + 2 sqrt(16/3) = 9.95 > 1.25 x 16/3)
+    assert capacities([1, 2, 3], {1: 5, 2: 5, 3: 5}, 1.25) == {1: 10, 2: 10, 3: 10}
+    assert capacities([1, 2], {1: 0, 2: 0}, 1.25) == {1: 2, 2: 2}  # 0.5 + 2 sqrt(0.5)
     caps = capacities([1, 2], {1: 4, 2: 4}, 1.25, shares={1: 2.0, 2: 1.0})  # 1 twice as fast
-    assert caps == {1: 8, 2: 4}
+    assert caps == {1: 11, 2: 7}  # fair 6 and 3
 
 
 def test_a_hot_key_spills_to_the_next_replica_instead_of_piling_up():
@@ -113,11 +116,10 @@ def test_a_hot_key_spills_to_the_next_replica_instead_of_piling_up():
     counts = {1: 0, 2: 0, 3: 0}
     for _ in range(30):
         got = choose(ring, key, [1, 2, 3], counts, 1.25)
-        total = sum(counts.values()) + 1
-        assert counts[got.instance] + 1 <= math.ceil(1.25 * total / 3)
+        assert counts[got.instance] + 1 <= capacities([1, 2, 3], counts, 1.25)[got.instance]
         counts[got.instance] += 1
     assert counts[order[0]] == max(counts.values()) and counts[order[1]] > 0
-    assert max(counts.values()) <= math.ceil(1.25 * 30 / 3)
+    assert max(counts.values()) <= capacities([1, 2, 3], {1: 10, 2: 10, 3: 9}, 1.25)[1]
     idle = {1: 0, 2: 0, 3: 0}
     assert choose(ring, key, [1, 2, 3], idle, 1.25).instance == order[0]  # idle: always home
 
@@ -142,14 +144,14 @@ def test_zipf_trace_keeps_keys_where_they_were_and_loads_within_the_bound():
             done = in_flight.pop(rng.randrange(len(in_flight)))
             counts[done] -= 1
         n = rng.choices(range(30), weights)[0]
+        caps = capacities([1, 2, 3], counts, 1.5)
         got = ledger.choose(keys[n], [1, 2, 3], counts, 1.5)
-        assert got is not None
+        assert got is not None and counts[got] + 1 <= caps[got]
         elsewhere += last.get(n, got) != got
         last[n] = got
         counts[got] += 1
         in_flight.append(got)
         area.update(counts)
-        assert max(counts.values()) <= math.ceil(1.5 * sum(counts.values()) / 3)
     outcomes = ledger.snapshot()["outcomes"]
     assert outcomes["home"] / (outcomes["home"] + outcomes["spilled"]) > 0.8, outcomes
     # Load alone sends a key's next request elsewhere two times in three; a key that only
@@ -162,9 +164,10 @@ def test_zipf_trace_keeps_keys_where_they_were_and_loads_within_the_bound():
 def test_an_instance_far_below_its_share_takes_requests_whose_home_is_above_its_own():
     """The bound's other side. 30 keys whose homes are all on instances 1 and 2 (3 is last on the
     ring for each), Zipf popularity, a closed loop of 12 at load bound 1.5: by the upper bound
-    alone 1 and 2 hold all 12 (each may hold 7) and 3 stays idle; with the floor, an instance
-    that stays within its share / 1.5 with one more takes a request whose place would pass its
-    share, so 3 carries load, and most requests still go home."""
+    alone 1 and 2 hold all 12 (each may hold 8) and 3 stays idle; with the floor, an instance
+    whose level stays within its share / 1.5 with one more takes a request whose place's level
+    would pass its share, and the key moves there: keys settle on 3 until it carries its share,
+    and nearly every request goes home."""
     ring = Ring([1, 2, 3])
     keys = []
     n = 0
@@ -185,18 +188,17 @@ def test_an_instance_far_below_its_share_takes_requests_whose_home_is_above_its_
             counts[done] -= 1
         fair = (sum(counts.values()) + 1) / 3
         got = ledger.choose(keys[rng.choices(range(30), weights)[0]], [1, 2, 3], counts, 1.5)
-        # never above its share while another sits below share / bound
-        assert counts[got] + 1 <= fair or not any(counts[i] + 1 <= fair / 1.5 for i in counts if i != got), (got, counts)
-        assert counts[got] + 1 <= math.ceil(1.5 * fair)  # and the upper bound holds
+        assert counts[got] + 1 <= capacities([1, 2, 3], counts, 1.5)[got]  # and the upper bound holds
         counts[got] += 1
         in_flight.append(got)
         area.update(counts)
-    # 3 holds about its share / 1.5 (less one: it takes a request while it stays within that)
-    assert area[3] / 3000 >= 12 / 3 / 1.5 - 1 and max(area.values()) / 3000 <= 1.5 * 13 / 3, area
+    # 3 carries its share: keys the floor moved there live there (measured: 1.01 max/min)
+    assert area[3] / 3000 >= 12 / 3 / 1.5 - 1 and max(area.values()) / min(area.values()) < 1.25, area
     outcomes = ledger.snapshot()["outcomes"]
-    assert outcomes["home"] > outcomes["spilled"], outcomes
+    assert outcomes["home"] > 10 * outcomes["spilled"], outcomes
+    assert 0 < ledger.keys_per_instance()[3] < 15, ledger.keys_per_instance()
     # without the floor (the upper bound alone) 3 would never be chosen: the closed loop fits 1 and 2
-    assert capacities([1, 2, 3], {1: 6, 2: 5, 3: 0}, 1.5) == {1: 6, 2: 6, 3: 6}
+    assert capacities([1, 2, 3], {1: 6, 2: 5, 3: 0}, 1.5) == {1: 8, 2: 8, 3: 8}
 
 
 def test_a_key_the_floor_moves_settles_there_and_an_overflow_spill_does_not_move_it():
@@ -209,13 +211,21 @@ def test_a_key_the_floor_moves_settles_there_and_an_overflow_spill_does_not_move
     home, second, third = ring.walk(key.point)
     ledger = Ledger()
     assert ledger.choose(key, [1, 2, 3], {1: 0, 2: 0, 3: 0}, 1.5) == home
-    # home at its bound (cap ceil(1.5 x 13/3) = 7), the others at their share: overflow to the next
-    full = {home: 7, second: 3, third: 2}
+    # home at its bound (cap ceil(16/3 + 2 sqrt(16/3)) = 10), the others at their share: overflow
+    full = {home: 10, second: 3, third: 2}
     assert ledger.choose(key, [1, 2, 3], full, 1.5) == second
     assert ledger.choose(key, [1, 2, 3], {1: 0, 2: 0, 3: 0}, 1.5) == home  # not moved
-    # home past its share (5 + 1 > 10/3), third within its share / 1.5 (0 + 1 <= 2.2): moved
-    assert ledger.choose(key, [1, 2, 3], {home: 5, second: 4, third: 0}, 1.5) == third
-    assert ledger.snapshot()["outcomes"] == {"home": 2, "spilled": 2, "all_full": 0, "unkeyed": 0}
+    dip = {home: 5, second: 4, third: 0}  # home past its share (5 + 1 > 10/3), third empty
+    # for a moment (every level about its share, 4 each for a while): a balanced closed loop
+    # does this by chance, and a move would pay a cold prefix; the key stays home
+    for _ in range(100):
+        ledger.observe([1, 2, 3], {1: 4, 2: 4, 3: 4})
+    assert ledger.choose(key, [1, 2, 3], dip, 1.5) == home
+    # lasting (levels 5 / 4 / 0): third's level within its share / 1.5, home's past its share: moved
+    for _ in range(100):
+        ledger.observe([1, 2, 3], dip)
+    assert ledger.choose(key, [1, 2, 3], dip, 1.5) == third
+    assert ledger.snapshot()["outcomes"] == {"home": 3, "spilled": 2, "all_full": 0, "unkeyed": 0}
     assert ledger.keys_per_instance() == {third: 1}
     assert ledger.choose(key, [1, 2, 3], {1: 0, 2: 0, 3: 0}, 1.5) == third  # settled
     assert choose(ring, key, [1, 2, 3], {1: 0, 2: 0, 3: 0}, 1.5, place=third).home == third
@@ -224,6 +234,21 @@ def test_a_key_the_floor_moves_settles_there_and_an_overflow_spill_does_not_move
     assert ledger.choose(key, [1, 2, 3], {1: 0, 2: 0, 3: 0}, 1.5) == third
     ledger.forget([home, second])  # its place left: back to the ring
     assert ledger.keys_per_instance() == {} and ledger.choose(key, [home, second], {}, 1.5) == home
+
+
+def test_levels_average_in_flight_over_about_two_lifetimes_of_choices():
+    ledger = Ledger()
+    ledger.observe([1, 2], {1: 3, 2: 0})  # first seen: at its count
+    assert ledger.levels == {1: 3.0, 2: 0.0}
+    ledger.observe([1, 2], {1: 0, 2: 3})  # each moves 1 / (2 x (3 + 1)) of the way
+    assert ledger.levels == {1: 3.0 - 3 / 8, 2: 3 / 8}
+    for _ in range(200):  # a steady state: the levels are the counts
+        ledger.observe([1, 2, 3], {1: 6, 2: 2, 3: 0})
+    assert {i: round(v, 3) for i, v in ledger.levels.items()} == {1: 6.0, 2: 2.0, 3: 0.0}
+    ledger.unkeyed([1, 2, 3], {1: 6, 2: 2, 3: 0})  # a request without a key moves them too
+    assert ledger.outcomes["unkeyed"] == 1 and round(ledger.levels[1], 3) == 6.0
+    ledger.forget([1, 3])
+    assert set(ledger.levels) == {1, 3}
 
 
 def test_a_replica_that_leaves_takes_only_its_keys_with_it_in_the_choice():
@@ -239,15 +264,14 @@ def test_tracker_uses_affinity_for_keyed_requests_and_the_balance_for_the_rest()
     key = key_of(body())
     home = Ring([1, 2]).home(key.point)
     assert {tracker.choose(9, [1, 2], EXPECTED_FINISH_TIME, key) for _ in range(5)} == {home}  # idle: home
-    tracker.acquire(home, 9)
-    tracker.acquire(home, 9)
+    for _ in range(12):  # cap ceil(13/2 + 2 sqrt(13/2)) = 12
+        tracker.acquire(home, 9)
     assert tracker.choose(9, [1, 2], EXPECTED_FINISH_TIME, key) != home  # home past its bound: spills
     assert tracker.choose(9, [1, 2], LEAST_CONNECTIONS, None) != home  # unkeyed: least loaded
     snapshot = tracker.affinity_snapshot()
     assert snapshot["outcomes"] == {"home": 5, "spilled": 1, "all_full": 0, "unkeyed": 1}
-    # home within its bound (3 of 3) but past its share (1.5) with the other idle: the bound's
-    # other side took it, and the key moved with it
-    assert snapshot["instances"][home]["home"] == 5 and snapshot["instances"][home]["keys"] == 0
+    # an overflow, not a move: the key still lives at home
+    assert snapshot["instances"][home]["home"] == 5 and snapshot["instances"][home]["keys"] == 1
     assert sorted(tracker.choose(9, [1, 2], ROUND_ROBIN, key) for _ in range(4)) == [1, 1, 2, 2]  # stock order
     off = InFlightTracker()
     off.configure(off.slow_start.config, AffinityConfig(enabled=False))
