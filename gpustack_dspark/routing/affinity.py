@@ -54,7 +54,8 @@ BLOCK_BYTES = 256  # the unit a prefix keys in; a leading part below it does not
 VNODES = 64  # ring points per instance: an even split of keys within a few percent
 # The in-flight noise of a balanced instance, in standard deviations: each of N requests in flight
 # sits on an instance with probability `share`, so its count's standard deviation is at most
-# sqrt(its fair share). The bound and its other side leave counts within this band alone.
+# sqrt(its fair share). The bound spills nothing within this band (its other side decides on
+# averaged levels instead, which this noise hardly moves).
 NOISE_SIGMAS = 2.0
 
 
@@ -63,7 +64,7 @@ class AffinityConfig:
     """`policies/routing.yaml` `proxy.affinity`."""
 
     enabled: bool = True
-    load_bound: float = 1.5  # an instance takes a keyed request while in flight < bound x its fair share
+    load_bound: float = 1.5  # an instance takes a keyed request while in flight < bound x its fair share (or 2 sd)
     prefix_bytes: int = 4096  # how much of the prompt's leading part keys a request (whole blocks)
 
 
