@@ -314,8 +314,8 @@ class Ledger:
                 self._place.pop(next(iter(self._place)))
         return None if choice is None else choice.instance
 
-    def unkeyed(self, candidates: Sequence[int] = (), counts: Optional[Mapping[int, int]] = None) -> None:
-        self.observe(candidates, counts or {})
+    def unkeyed(self, candidates: Sequence[int], counts: Mapping[int, int]) -> None:
+        self.observe(candidates, counts)
         self.outcomes["unkeyed"] += 1
 
     def keys_per_instance(self) -> Dict[int, int]:

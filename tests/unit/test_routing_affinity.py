@@ -186,7 +186,6 @@ def test_an_instance_far_below_its_share_takes_requests_whose_home_is_above_its_
         if len(in_flight) >= 12:
             done = in_flight.pop(rng.randrange(len(in_flight)))
             counts[done] -= 1
-        fair = (sum(counts.values()) + 1) / 3
         got = ledger.choose(keys[rng.choices(range(30), weights)[0]], [1, 2, 3], counts, 1.5)
         assert counts[got] + 1 <= capacities([1, 2, 3], counts, 1.5)[got]  # and the upper bound holds
         counts[got] += 1
