@@ -146,8 +146,10 @@ def test_json_through_gpustack_is_valid_and_spread_by_the_routing_rule(stack):
     # wave's start. With affinity on (the default) each order body is keyed (its schema and the
     # first 256-byte block of its lone message, which names the order): it goes to its key's
     # replica on the ring within the load bound (1.5x the mean, or two standard deviations of a
-    # balanced count; a replica whose level stays within the mean / 1.5 takes one whose place's
-    # level would pass the mean), as the ledger computes in `_expected_wave`; with affinity off,
+    # balanced count; a replica whose level stays within the mean / 1.5, or below the place's by
+    # more than that noise, takes one whose place's level would pass the mean, and a move shifts
+    # the key's share of the load at once: a new key's share is the same on both ledgers), as
+    # the ledger computes in `_expected_wave`; with affinity off,
     # expected finish time: 2/2 for replicas of about the same speed, more to the faster one
     # where one is clearly slower (on two shared cores one can be several times slower).
     responses, splits, expected = [], [], []

@@ -155,9 +155,10 @@ def test_zipf_trace_keeps_keys_where_they_were_and_loads_within_the_bound():
     outcomes = ledger.snapshot()["outcomes"]
     assert outcomes["home"] / (outcomes["home"] + outcomes["spilled"]) > 0.8, outcomes
     # Load alone sends a key's next request elsewhere two times in three; a key that only
-    # borrowed a replica and went back home did so one time in five (0.21 here); settled, 0.09.
-    assert elsewhere / 3000 < 0.15, elsewhere
-    assert max(area.values()) / min(area.values()) < 1.25, area  # and the loads stay level
+    # borrowed a replica and went back home did so one time in five (0.21 here); settled, 0.09;
+    # with the noise-band gap and a move's load shifted at once, 0.009.
+    assert elsewhere / 3000 < 0.03, elsewhere
+    assert max(area.values()) / min(area.values()) < 1.2, area  # and the loads stay level (1.06)
     assert sum(ledger.keys_per_instance().values()) == 30
 
 
@@ -248,6 +249,74 @@ def test_levels_average_in_flight_over_about_two_lifetimes_of_choices():
     assert ledger.outcomes["unkeyed"] == 1 and round(ledger.levels[1], 3) == 6.0
     ledger.forget([1, 3])
     assert set(ledger.levels) == {1, 3}
+
+
+def test_an_instance_below_the_keys_place_past_the_noise_band_takes_it():
+    """12 in flight, levels 7.5 / 4.5 / 2.5 (the place 7.5): the third is not nearly idle (2.5 + 1
+    > (14.5 + 1) / 3 / 1.5 = 3.44) but, in units of its fair share (5.17), below the place by
+    more than the noise band (1.45 - 0.48 >= 2 / sqrt(5.17) = 0.88): it takes the key. Levels
+    6 / 4 / 3 are within the band (1.29 - 0.64 < 0.93): nothing moves. On counts alone (no
+    levels) the band does not apply: counts dip by chance."""
+    ring = Ring([1, 2, 3])
+    key = key_of(body())
+    place, second, third = ring.walk(key.point)
+    counts = {place: 7, second: 4, third: 2}
+    gap = choose(ring, key, [1, 2, 3], counts, 1.5, place=place, levels={place: 7.5, second: 4.5, third: 2.5})
+    assert (gap.instance, gap.moved) == (third, True)
+    near = choose(ring, key, [1, 2, 3], {place: 6, second: 4, third: 3}, 1.5, place=place,
+                  levels={place: 6.0, second: 4.0, third: 3.0})
+    assert (near.instance, near.moved) == (place, False)
+    assert not choose(ring, key, [1, 2, 3], {place: 7, second: 4, third: 3}, 1.5, place=place).moved
+
+
+def test_a_moved_key_takes_its_load_with_it_so_the_next_choice_does_not_pile_on():
+    """Two keys whose place is the same busy instance (levels 7 / 4 / 1), the third nearly idle:
+    the first request moves its key there and the levels shift by its load (its share of recent
+    requests x all in flight) at once; the second key's request, right after, finds the taker
+    neither nearly idle nor past the noise band below its place, and stays home."""
+    ring = Ring([1, 2, 3])
+    keys = []
+    n = 0
+    while len(keys) < 2:
+        key = key_of(body(system=f"schema {n}: " + SYSTEM))
+        n += 1
+        if ring.walk(key.point)[0] == 1 and ring.walk(key.point)[-1] == 3:
+            keys.append(key)
+    ledger = Ledger()
+    counts = {1: 7, 2: 4, 3: 1}
+    for _ in range(400):  # levels at the counts
+        ledger.observe([1, 2, 3], counts)
+    for key in keys:  # each key a tenth of recent requests, living on 1
+        ledger._place[key.point] = 1
+        ledger._rates[key.point] = (0.1, ledger._decay)
+    assert ledger.choose(keys[0], [1, 2, 3], counts, 1.5) == 3
+    load = ledger._rates[keys[0].point][0] * 13  # its share x (all levels + 1)
+    assert 1.3 < load < 1.5
+    assert (round(ledger.levels[1], 2), round(ledger.levels[3], 2)) == (round(7 - load, 2), round(1 + load, 2))
+    assert ledger.choose(keys[1], [1, 2, 3], counts, 1.5) == 1
+    # without the shift the third would still look nearly idle (1 + 1 <= 13 / 3 / 1.5) and take it
+    assert choose(ledger.ring([1, 2, 3]), keys[1], [1, 2, 3], counts, 1.5, place=1,
+                  levels={1: 7.0, 2: 4.0, 3: 1.0}).instance == 3
+
+
+def test_a_keys_rate_is_its_share_of_recent_choices_and_is_forgotten_with_its_place():
+    ledger = Ledger()
+    keys = [key_of(body(system=f"rate {n}: " + SYSTEM)) for n in range(4)]
+    counts = {1: 3, 2: 3, 3: 2}
+    for n in range(800):  # the first key half the requests, the others a sixth each
+        ledger.choose(keys[0] if n % 2 == 0 else keys[1 + (n // 2) % 3], [1, 2, 3], counts, 1.5)
+    rates = [ledger._rates[k.point][0] for k in keys]
+    assert abs(rates[0] - 0.5) < 0.06 and all(abs(r - 1 / 6) < 0.06 for r in rates[1:]), rates
+    ledger.forget([p for p in (1, 2, 3) if p != ledger._place[keys[0].point]])
+    assert keys[0].point not in ledger._rates
+
+    class Small(Ledger):
+        MAX_KEYS = 2
+
+    small = Small()
+    for key in keys[:3]:
+        small.choose(key, [1, 2, 3], {}, 1.5)
+    assert set(small._rates) == set(small._place) == {keys[1].point, keys[2].point}
 
 
 def test_a_replica_that_leaves_takes_only_its_keys_with_it_in_the_choice():
