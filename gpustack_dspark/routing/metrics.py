@@ -15,7 +15,7 @@ default registry, so registering here is all it takes. Names:
   instance), no_other_instance (nothing to retry on), broken_streams or silent_given_up (a
   try whose replica sent nothing for `proxy.silence_timeout_s` and failed its health check).
 - `dspark_routing_affinity_total{outcome}` counter: requests with an affinity key sent to their
-  key's home replica (home), elsewhere past a full home or to a nearly idle one (spilled), by load
+  key's home replica (home), elsewhere past a full home or to one far below it (spilled), by load
   because every replica was at its bound (all_full); unkeyed: no schema or shared prefix.
 - `dspark_routing_affinity_keys{instance_id}` gauge: affinity keys living on the instance (where
   a key's first request went, or where the load bound's other side moved it; of the last 4,096).

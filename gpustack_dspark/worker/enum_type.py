@@ -10,12 +10,15 @@ llguidance where a replica has it (`schema_check.plan_engine`), else by xgrammar
 `narrowed(schema)`, which says the same thing in a form xgrammar reads; and where every document
 must reach a node that admits no value, the request is a 400 naming it (`unsatisfiable`).
 
-JSON types as JSON Schema counts them: an integer is any number with no fractional part (1.0
-too), a boolean is not a number.
+JSON types as the schema's own draft counts them, with jsonschema's type checkers (the reply
+check's): from draft 6 on an integer is any number with no fractional part (1.0 too), in drafts 3
+and 4 only a number written without one; a boolean is never a number.
 """
 
 import copy
 from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import jsonschema
 
 from gpustack_dspark.worker import one_of
 
@@ -26,20 +29,17 @@ _MANY = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas")
 
 
-def _is_type(value: Any, name: str) -> bool:
-    if name == "null":
-        return value is None
-    if name == "boolean":
-        return isinstance(value, bool)
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    if name == "string":
-        return isinstance(value, str)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _checker(schema: Any) -> Any:
+    """The type checker of the draft `schema` declares (`$schema`; else 2020-12, as the reply check)."""
+    return jsonschema.validators.validator_for(schema if isinstance(schema, dict) else {},
+                                               default=jsonschema.Draft202012Validator).TYPE_CHECKER
+
+
+def _is_type(value: Any, name: str, checker: Any) -> bool:
+    try:
+        return checker.is_type(value, name)
+    except jsonschema.exceptions.UndefinedTypeCheck:  # not a JSON type: admits nothing
         return False
-    return name == "number" or (name == "integer" and float(value).is_integer())
 
 
 def _declared_types(node: Dict[str, Any]) -> Optional[List[str]]:
@@ -57,15 +57,17 @@ def _values(node: Dict[str, Any]) -> Optional[List[Any]]:
     return list(node["enum"]) if isinstance(node.get("enum"), list) else None
 
 
-def admitted(node: Any) -> Optional[List[Any]]:
-    """The node's `enum`/`const` values its `type` admits, when the type excludes one of them;
-    None when there is nothing to narrow (no enum, no type, or every value of the type)."""
+def admitted(node: Any, checker: Any = None) -> Optional[List[Any]]:
+    """The node's `enum`/`const` values its `type` admits (by `checker`, a draft's type checker;
+    default 2020-12), when the type excludes one of them; None when there is nothing to narrow
+    (no enum, no type, or every value of the type)."""
     if not isinstance(node, dict):
         return None
     values, types = _values(node), _declared_types(node)
     if values is None or types is None:
         return None
-    kept = [v for v in values if any(_is_type(v, t) for t in types)]
+    checker = checker or _checker({})
+    kept = [v for v in values if any(_is_type(v, t, checker) for t in types)]
     return kept if len(kept) < len(values) else None
 
 
@@ -89,12 +91,13 @@ def conflict(schema: Any) -> Optional[str]:
     """Where the first `enum`/`const` beside a `type` that excludes some of its values is, or None."""
     stack: List[Tuple[str, Any]] = [("", schema)]
     seen = set()
+    checker = _checker(schema)
     while stack:
         where, node = stack.pop()
         if not isinstance(node, dict) or id(node) in seen:
             continue
         seen.add(id(node))
-        if admitted(node) is not None:
+        if admitted(node, checker) is not None:
             return f"{'enum' if 'const' not in node else 'const'} beside type {node['type']!r} at {where or '(root)'}"
         stack.extend((f"{where}/{step}", sub) for step, sub in reversed(list(_subschemas(node))))
     return None
@@ -104,8 +107,9 @@ def unsatisfiable(schema: Any) -> Optional[str]:
     """Why no document satisfies `schema` because a node every document reaches (`one_of.reached`:
     the root, `allOf` members, local `$ref`s, required properties of an object) admits no value
     of its enum, or None."""
+    checker = _checker(schema)
     for node, where in one_of.reached(schema):
-        if admitted(node) == []:
+        if admitted(node, checker) == []:
             values = _values(node) or []
             shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
             return (f"no document satisfies the schema: at {where}, {'const' if 'const' in node else 'enum'} "
@@ -124,6 +128,7 @@ def narrowed(schema: Any) -> Tuple[Any, List[str]]:
     if conflict(schema) is None:
         return schema, []
     root = copy.deepcopy(schema)
+    checker = _checker(schema)
     notes: List[str] = []
     stack: List[Tuple[str, Any]] = [("", root)]
     while stack:
@@ -134,11 +139,11 @@ def narrowed(schema: Any) -> Tuple[Any, List[str]]:
         if isinstance(properties, dict) and node.get("additionalProperties", False) is False \
                 and not node.get("patternProperties"):  # else a pattern could admit the key alone
             required = node.get("required") if isinstance(node.get("required"), list) else []
-            for name in [n for n, sub in properties.items() if n not in required and admitted(sub) == []]:
+            for name in [n for n, sub in properties.items() if n not in required and admitted(sub, checker) == []]:
                 properties.pop(name)
                 node["additionalProperties"] = False  # as vLLM's xgrammar reads it absent; now said
                 notes.append(f"property {name} at {where or '(root)'} (no value of its enum has its type)")
-        kept = admitted(node)
+        kept = admitted(node, checker)
         if kept:  # a const its type excludes leaves none: never here
             node["enum"] = kept
             notes.append(f"enum values not of type {node['type']!r} at {where or '(root)'}")

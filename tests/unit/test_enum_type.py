@@ -139,3 +139,23 @@ def test_the_plan_serves_such_a_schema_with_llguidance_else_xgrammar_on_the_narr
     plain = {"type": "object", "properties": {"mode": {"enum": ["a"], "type": "string"}}}
     assert (schema_check.plan_engine(plain, ("xgrammar", "llguidance")).engine,
             schema_check.plan_engine(plain, ("xgrammar", "llguidance")).grammar_schema) == ("xgrammar", plain)
+
+
+def test_types_are_counted_as_the_schemas_own_draft_counts_them():
+    """Draft 4 counts 1.0 as a number but not an integer; from draft 6 on it is both. The reply
+    check validates with the schema's own draft, so the narrowing must agree with it."""
+    node = {"enum": [1, 1.0, 2.5], "type": "integer"}
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "properties": {"n": node}}
+    assert enum_type.admitted(node) is not None and enum_type.admitted(node) == [1, 1.0]
+    copy4, notes = enum_type.narrowed(draft4)
+    assert copy4["properties"]["n"]["enum"] == [1] and notes
+    for value in node["enum"]:  # what jsonschema admits under draft 4, the narrowed copy admits
+        doc = {"n": value}
+        assert jsonschema.Draft4Validator(draft4).is_valid(doc) == jsonschema.Draft4Validator(copy4).is_valid(doc)
+    later = {**draft4, "$schema": "http://json-schema.org/draft-07/schema#"}
+    assert enum_type.narrowed(later)[0]["properties"]["n"]["enum"] == [1, 1.0]
+    assert enum_type.unsatisfiable({"$schema": "http://json-schema.org/draft-04/schema#", "const": 1.0,
+                                    "type": "integer"}).startswith("no document satisfies the schema")
+    assert enum_type.unsatisfiable({"const": 1.0, "type": "integer"}) is None  # 2020-12: 1.0 is an integer
+    assert enum_type.admitted({"enum": ["a"], "type": "thing"}) == []  # not a JSON type: admits nothing
