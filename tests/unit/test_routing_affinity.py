@@ -30,6 +30,17 @@ def key_of(b, config=CONFIG):
     return request_keys("m", b, config)
 
 
+def keys_walking(ring, count, wanted):
+    """The first `count` keys (one system prompt each) whose walk of `ring` is `wanted`."""
+    keys, n = [], 0
+    while len(keys) < count:
+        key = key_of(body(system=f"schema {n}: " + SYSTEM))
+        n += 1
+        if wanted(ring.walk(key.point)):
+            keys.append(key)
+    return keys
+
+
 def test_requests_sharing_schema_and_system_prompt_share_a_key_whatever_the_user_asks():
     assert key_of(body("invoice 1")) == key_of(body("a different, much longer user message " * 20))
     assert key_of(body()).schema and key_of(body()).prefix
@@ -169,13 +180,7 @@ def test_an_instance_far_below_its_share_takes_requests_whose_home_is_above_its_
     would pass its share, and the key moves there: keys settle on 3 until it carries its share,
     and nearly every request goes home."""
     ring = Ring([1, 2, 3])
-    keys = []
-    n = 0
-    while len(keys) < 30:
-        key = key_of(body(system=f"schema {n}: " + SYSTEM))
-        n += 1
-        if ring.walk(key.point)[-1] == 3:
-            keys.append(key)
+    keys = keys_walking(ring, 30, lambda walk: walk[-1] == 3)
     rng = random.Random(11)
     weights = [1 / (k + 1) for k in range(30)]
     ledger = Ledger()
@@ -274,13 +279,7 @@ def test_a_moved_key_takes_its_load_with_it_so_the_next_choice_does_not_pile_on(
     requests x all in flight) at once; the second key's request, right after, finds the taker
     neither nearly idle nor past the noise band below its place, and stays home."""
     ring = Ring([1, 2, 3])
-    keys = []
-    n = 0
-    while len(keys) < 2:
-        key = key_of(body(system=f"schema {n}: " + SYSTEM))
-        n += 1
-        if ring.walk(key.point)[0] == 1 and ring.walk(key.point)[-1] == 3:
-            keys.append(key)
+    keys = keys_walking(ring, 2, lambda walk: walk[0] == 1 and walk[-1] == 3)
     ledger = Ledger()
     counts = {1: 7, 2: 4, 3: 1}
     for _ in range(400):  # levels at the counts
