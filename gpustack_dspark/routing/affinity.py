@@ -312,9 +312,10 @@ class Ledger:
         self._rates: Dict[int, Tuple[float, float]] = {}
         self._decay = 0.0  # sum over choices of -log(1 - the key rates' weight then)
 
-    def observe(self, candidates: Sequence[int], counts: Mapping[int, int]) -> None:
+    def observe(self, candidates: Sequence[int], counts: Mapping[int, int]) -> int:
         """One choice among `candidates` (keyed or not): each one's level moves toward its count
-        by 1 / (`LEVEL_LIFETIMES` x (all in flight + 1)); a new instance starts at its count."""
+        by 1 / (`LEVEL_LIFETIMES` x (all in flight + 1)); a new instance starts at its count.
+        Returns all in flight + 1 (the key rates' weight is 1 / (`KEY_LIFETIMES` x that))."""
         total = sum(max(0, counts.get(c, 0)) for c in candidates) + 1
         weight = 1.0 / (self.LEVEL_LIFETIMES * total)
         self._decay -= math.log1p(-1.0 / (self.KEY_LIFETIMES * total))
@@ -322,6 +323,7 @@ class Ledger:
             count = max(0, counts.get(c, 0))
             level = self.levels.get(c)
             self.levels[c] = float(count) if level is None else level + (count - level) * weight
+        return total
 
     def ring(self, candidates: Sequence[int]) -> Ring:
         members = frozenset(candidates)
@@ -335,10 +337,10 @@ class Ledger:
     def choose(self, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
                shares: Optional[Mapping[int, float]] = None) -> Optional[int]:
         """The instance for a keyed request, or None when all are at capacity (counted)."""
-        self.observe(candidates, counts)
+        total = self.observe(candidates, counts)
         place = self._place.pop(key.point, None)
         # the in-flight its requests bring: its share of choices times all in flight (by levels)
-        rate = self._key_rate(key.point, counts, candidates)
+        rate = self._key_rate(key.point, 1.0 / (self.KEY_LIFETIMES * total))
         load = rate * (sum(self.levels.get(c, 0.0) for c in candidates) + 1)
         choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place, self.levels)
         if choice is None:
@@ -364,9 +366,9 @@ class Ledger:
             self._rates.pop(key.point, None)
         return None if choice is None else choice.instance
 
-    def _key_rate(self, point: int, counts: Mapping[int, int], candidates: Sequence[int]) -> float:
-        """The key's share of recent choices, this one included (the clock has moved for it)."""
-        weight = 1.0 / (self.KEY_LIFETIMES * (sum(max(0, counts.get(c, 0)) for c in candidates) + 1))
+    def _key_rate(self, point: int, weight: float) -> float:
+        """The key's share of recent choices, this one (of `weight`) included: `observe` has
+        moved the clock for it."""
         rate, then = self._rates.get(point, (0.0, self._decay))
         rate = rate * math.exp(then - self._decay) + weight
         self._rates[point] = (rate, self._decay)
