@@ -64,6 +64,11 @@ VNODES = 64  # ring points per instance: an even split of keys within a few perc
 # sqrt(its fair share). The bound spills nothing within this band (its other side decides on
 # averaged levels instead, which this noise hardly moves).
 NOISE_SIGMAS = 2.0
+# How far, in units of its fair share of recent choices, the keys living on an instance must be
+# above another's, the key's own rate counted on the taker, before the key moves to even the two:
+# about three standard deviations of the difference of two instances' key rates over
+# `Ledger.RATE_CHOICES` choices at a third each, so estimate noise alone moves nothing.
+RATE_MARGIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,8 @@ class Choice:
 
 def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int],
            load_bound: float, shares: Optional[Mapping[int, float]] = None,
-           place: Optional[int] = None, levels: Optional[Mapping[int, float]] = None) -> Optional[Choice]:
+           place: Optional[int] = None, levels: Optional[Mapping[int, float]] = None,
+           rates: Optional[Mapping[int, float]] = None, key_rate: float = 0.0) -> Optional[Choice]:
     """The first instance from the key's place (`place`, where the ledger last settled it, if a
     candidate; else its point on the ring), then on around the ring, whose in-flight is below
     its capacity; None when every candidate is at capacity (the caller balances by load).
@@ -276,6 +282,21 @@ def choose(ring: Ring, key: AffinityKey, candidates: Sequence[int], counts: Mapp
         if idle:
             placed = min(idle, key=lambda n: ((counts.get(order[n], 0) + 1) / fair[order[n]], n))
             moved = True
+    if rates is not None and placed == 0:
+        norm = sum(fair.values())
+
+        def keyed(i: int, extra: float = 0.0) -> float:  # keys living there, in units of its fair share
+            return (rates.get(i, 0.0) + extra) * norm / fair[i] if fair[i] > 0 else math.inf
+
+        home = keyed(order[0])
+        evener = [n for n, i in enumerate(order) if n > 0 and counts.get(i, 0) + 1 <= caps[i]
+                  and keyed(i, key_rate) <= home - RATE_MARGIN
+                  and (levels.get(i, 0) / level_fair[i] if level_fair[i] > 0 else math.inf) <= source]
+        if evener:
+            placed = min(evener, key=lambda n: (keyed(order[n], key_rate), n))
+            if place not in allowed:  # a key with no place yet: this is where it settles, its home
+                return Choice(order[placed], order[placed], 0, True)
+            moved = True
     return Choice(order[placed], order[0], placed, moved)
 
 
@@ -296,10 +317,12 @@ class Ledger:
     # An instance's level averages its in-flight over about this many times the number in flight
     # of recent choices: two request lifetimes in a closed loop, whatever the load.
     LEVEL_LIFETIMES = 2.0
-    # A key's rate (its share of recent choices) averages over this many lifetimes: longer than
-    # the levels', a share is steadier than an instance's count (the hottest of the benchmark's
-    # 30 Zipf keys, 28 % of requests, at 12 in flight: a standard deviation of 3 points).
+    # A key's rate (its share of recent choices) averages over this many lifetimes, and over at
+    # least `RATE_CHOICES` choices: longer than the levels', a share is steadier than an instance's
+    # count (the hottest of the benchmark's 30 Zipf keys, 28 % of requests: a standard deviation of
+    # 2 points over 256 choices), and at a few in flight a lifetime is a few choices only.
     KEY_LIFETIMES = 8.0
+    RATE_CHOICES = 256.0
 
     def __init__(self) -> None:
         self._rings: Dict[frozenset, Ring] = {}
@@ -310,20 +333,31 @@ class Ledger:
         # key point -> (its share of choices, the decay clock then): an exponential average kept
         # lazily, so a choice costs O(1) however many keys are remembered
         self._rates: Dict[int, Tuple[float, float]] = {}
+        # instance -> (the rates of the keys living there, summed; the clock then), kept the same way
+        self._placed: Dict[int, Tuple[float, float]] = {}
         self._decay = 0.0  # sum over choices of -log(1 - the key rates' weight then)
 
-    def observe(self, candidates: Sequence[int], counts: Mapping[int, int]) -> int:
+    def observe(self, candidates: Sequence[int], counts: Mapping[int, int]) -> float:
         """One choice among `candidates` (keyed or not): each one's level moves toward its count
         by 1 / (`LEVEL_LIFETIMES` x (all in flight + 1)); a new instance starts at its count.
-        Returns all in flight + 1 (the key rates' weight is 1 / (`KEY_LIFETIMES` x that))."""
+        Returns the key rates' weight of this choice, 1 / max(`KEY_LIFETIMES` x (all in flight
+        + 1), `RATE_CHOICES`), by which the decay clock has moved."""
         total = sum(max(0, counts.get(c, 0)) for c in candidates) + 1
         weight = 1.0 / (self.LEVEL_LIFETIMES * total)
-        self._decay -= math.log1p(-1.0 / (self.KEY_LIFETIMES * total))
+        rate_weight = 1.0 / max(self.KEY_LIFETIMES * total, self.RATE_CHOICES)
+        self._decay -= math.log1p(-rate_weight)
         for c in candidates:
             count = max(0, counts.get(c, 0))
             level = self.levels.get(c)
             self.levels[c] = float(count) if level is None else level + (count - level) * weight
-        return total
+        return rate_weight
+
+    def _now(self, entry: Optional[Tuple[float, float]]) -> float:
+        """A lazily decayed average's value now."""
+        return 0.0 if entry is None else entry[0] * math.exp(entry[1] - self._decay)
+
+    def _add(self, instance: int, amount: float) -> None:
+        self._placed[instance] = (max(0.0, self._now(self._placed.get(instance)) + amount), self._decay)
 
     def ring(self, candidates: Sequence[int]) -> Ring:
         members = frozenset(candidates)
@@ -337,12 +371,18 @@ class Ledger:
     def choose(self, key: AffinityKey, candidates: Sequence[int], counts: Mapping[int, int], load_bound: float,
                shares: Optional[Mapping[int, float]] = None) -> Optional[int]:
         """The instance for a keyed request, or None when all are at capacity (counted)."""
-        total = self.observe(candidates, counts)
-        place = self._place.pop(key.point, None)
+        weight = self.observe(candidates, counts)
+        before = place = self._place.pop(key.point, None)
+        # rates as shares of recent choices: divided by the weight all choices carry now (below 1
+        # for the first `RATE_CHOICES` or so, when every rate is still short by that factor)
+        mass = -math.expm1(-self._decay)
+        old = self._now(self._rates.get(key.point))
+        rate = (old + weight) / mass
         # the in-flight its requests bring: its share of choices times all in flight (by levels)
-        rate = self._key_rate(key.point, 1.0 / (self.KEY_LIFETIMES * total))
         load = rate * (sum(self.levels.get(c, 0.0) for c in candidates) + 1)
-        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place, self.levels)
+        placed = {c: self._now(self._placed.get(c)) / mass for c in candidates}
+        choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place, self.levels,
+                        placed, rate)
         if choice is None:
             self.outcomes["all_full"] += 1
         else:
@@ -356,23 +396,24 @@ class Ledger:
                     self.levels[place] = max(0.0, self.levels[place] - load)
             if place is None or choice.moved:
                 place = choice.instance
-        if place is not None:  # re-inserted: the most recently used
-            self._place[key.point] = place
-            if len(self._place) > self.MAX_KEYS:
-                oldest = next(iter(self._place))
-                self._place.pop(oldest)
-                self._rates.pop(oldest, None)
-        else:
+        if before is not None:
+            self._add(before, -old)
+        if place is None:
             self._rates.pop(key.point, None)
+            return None
+        self._rates[key.point] = (old + weight, self._decay)
+        self._add(place, old + weight)
+        self._place[key.point] = place  # re-inserted: the most recently used
+        if len(self._place) > self.MAX_KEYS:
+            self._drop(next(iter(self._place)))
         return None if choice is None else choice.instance
 
-    def _key_rate(self, point: int, weight: float) -> float:
-        """The key's share of recent choices, this one (of `weight`) included: `observe` has
-        moved the clock for it."""
-        rate, then = self._rates.get(point, (0.0, self._decay))
-        rate = rate * math.exp(then - self._decay) + weight
-        self._rates[point] = (rate, self._decay)
-        return rate
+    def _drop(self, point: int) -> None:
+        """Forgets a key: its place, its rate, and that rate from its place's sum."""
+        place = self._place.pop(point, None)
+        rate = self._now(self._rates.pop(point, None))
+        if place is not None and place in self._placed:
+            self._add(place, -rate)
 
     def unkeyed(self, candidates: Sequence[int], counts: Mapping[int, int]) -> None:
         self.observe(candidates, counts)
@@ -395,10 +436,11 @@ class Ledger:
         for instance in [i for i in self.per_instance if i not in keep]:
             self.per_instance.pop(instance, None)
         for point in [p for p, i in self._place.items() if i not in keep]:
-            self._place.pop(point, None)
-            self._rates.pop(point, None)
+            self._drop(point)
         for instance in [i for i in self.levels if i not in keep]:
             self.levels.pop(instance, None)
+        for instance in [i for i in self._placed if i not in keep]:
+            self._placed.pop(instance, None)
         for members in [m for m in self._rings if not m <= keep]:
             self._rings.pop(members, None)
 
