@@ -394,7 +394,7 @@ class Ledger:
         before = place = self._place.pop(key.point, None)
         # rates as shares of recent choices: divided by the weight all choices carry now (below 1
         # for the first `RATE_CHOICES` or so, when every rate is still short by that factor)
-        mass = -math.expm1(-self._decay)
+        mass = self.window
         old = self._now(self._rates.get(key.point))
         rate = (old + weight) / mass
         # the in-flight its requests bring: its share of choices times all in flight (by levels)
@@ -427,6 +427,24 @@ class Ledger:
             self._drop(next(iter(self._place)))
         return None if choice is None else choice.instance
 
+    @property
+    def window(self) -> float:
+        """The weight all choices in the key rates' window carry now: a rate divided by it is a
+        share of recent choices (below 1 for the first `RATE_CHOICES` or so)."""
+        return -math.expm1(-self._decay)
+
+    def keyed_share(self, instance: int) -> Optional[float]:
+        """The rates of the keys living on `instance`, summed: their share of recent choices."""
+        entry = self._placed.get(instance)
+        return None if entry is None or self._decay <= 0 else self._now(entry) / self.window
+
+    def resume(self, levels: Mapping[int, float], keyed_shares: Mapping[int, float], window: float) -> None:
+        """Takes up another ledger's state as its status shows it (`levels`, `keyed_share` per
+        instance, `window`), to replay what it will choose for keys it has not seen (the e2e test)."""
+        self.levels.update(levels)
+        self._decay = -math.log1p(-min(max(window, 0.0), 1.0 - 1e-12))
+        self._placed = {i: (share * window, self._decay) for i, share in keyed_shares.items()}
+
     def _drop(self, point: int) -> None:
         """Forgets a key: its place, its rate, and that rate from its place's sum."""
         place = self._place.pop(point, None)
@@ -448,7 +466,7 @@ class Ledger:
         keys = self.keys_per_instance()
         return {"outcomes": dict(self.outcomes),
                 "instances": {i: {**v, "keys": keys.get(i, 0)} for i, v in sorted(self.per_instance.items())},
-                "keys_remembered": len(self._place)}
+                "keys_remembered": len(self._place), "rate_window": self.window}
 
     def forget(self, keep: Iterable[int]) -> None:
         keep = set(keep)

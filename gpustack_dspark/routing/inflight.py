@@ -147,6 +147,8 @@ class InFlightTracker:
                     "affinity_spilled_in": placed.get("spilled_in", 0),
                     # in flight averaged over recent choices (the floor's input), unrounded: replayable
                     "affinity_level": self.affinity.levels.get(instance_id),
+                    # the rates of the keys living there, summed (the rates' rule's input), unrounded
+                    "affinity_keyed_share": self.affinity.keyed_share(instance_id),
                 }
             return out
 

@@ -117,7 +117,9 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     keyed request (each order body: a schema and a lone message over one block, a new key) goes
     to its place on the affinity ring within the load bound, the replicas' levels (in flight
     averaged over recent choices, from the status) deciding the bound's other side
-    (routing/affinity.py, replayed on a ledger as the proxy's tracker does); when every replica
+    (routing/affinity.py, replayed on a ledger as the proxy's tracker does, from its levels, the
+    rates of the keys living on each replica and the rates' window: a new key settles where the
+    fewest keys live once the ring's home has a quarter of a fair share more); when every replica
     is at its bound, or the request has no key, expected finish time with slow start decides
     (routing/speed.py)."""
     routing = dspark_status(s.server, s.api.api_key)["routing"]
@@ -128,8 +130,11 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
     weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
     ledger = affinity.Ledger()
-    ledger.levels.update({i: rows[str(i)]["affinity_level"] for i in ids
-                          if (rows.get(str(i)) or {}).get("affinity_level") is not None})
+    ledger.resume({i: rows[str(i)]["affinity_level"] for i in ids
+                   if (rows.get(str(i)) or {}).get("affinity_level") is not None},
+                  {i: rows[str(i)]["affinity_keyed_share"] for i in ids
+                   if (rows.get(str(i)) or {}).get("affinity_keyed_share") is not None},
+                  aff["rate_window"])
     counts: Dict[int, int] = {i: 0 for i in ids}
     for turn, body in enumerate(bodies):
         key = affinity.request_keys(body["model"], body, config)

@@ -365,6 +365,33 @@ def test_at_low_load_the_keys_rates_even_out_what_the_ring_placed_unevenly():
         assert trace()[0] > 2
 
 
+def test_a_ledger_resumed_from_the_status_chooses_as_the_proxy_does_for_new_keys():
+    """The e2e test replays a wave on a fresh ledger from GET /v2/dspark/status: the levels, the
+    rates of the keys living on each instance and the rates' window, as the tracker shows them,
+    are enough to choose as the proxy's own ledger does for keys it has not seen."""
+    tracker = InFlightTracker()
+    rng = random.Random(3)
+    keys = [key_of(body(system=f"resume {n}: " + SYSTEM)) for n in range(12)]
+    for n in range(150):  # keys living unevenly (the first two thirds of the choices)
+        instance = tracker.choose(1, [1, 2, 3], key=keys[rng.choice([0, 0, 0, 1, 2, 3])])
+        tracker.acquire(instance, 1)
+        if n % 3 == 0:
+            tracker.release(instance)
+    rows, window = tracker.snapshot(), tracker.affinity_snapshot()["rate_window"]
+    replay = Ledger()
+    replay.resume({i: r["affinity_level"] for i, r in rows.items()},
+                  {i: r["affinity_keyed_share"] for i, r in rows.items() if r["affinity_keyed_share"] is not None},
+                  window)
+    counts = {i: tracker.count(i) for i in (1, 2, 3)}
+    off_the_ring = 0
+    for key in keys[4:]:
+        want = replay.choose(key, [1, 2, 3], counts, 1.5)
+        assert tracker.affinity.choose(key, [1, 2, 3], counts, 1.5) == want
+        off_the_ring += want != replay.ring([1, 2, 3]).home(key.point)
+        counts[want] += 1
+    assert 0 < window < 1 and off_the_ring >= 1  # the rates decided some (the levels alone would not)
+
+
 def test_a_keys_rate_is_its_share_of_recent_choices_and_is_forgotten_with_its_place():
     ledger = Ledger()
     keys = [key_of(body(system=f"rate {n}: " + SYSTEM)) for n in range(4)]

@@ -87,6 +87,7 @@ def test_tracker_spreads_and_never_goes_negative():
     assert tracker.unmatched_releases == 1
     row = tracker.snapshot()[10]
     level = row.pop("affinity_level")  # its in-flight averaged over the six choices: between 0 and 2
+    assert row.pop("affinity_keyed_share") is None  # no keyed request: no key lives there
     assert row == {"in_flight": 0, "model_id": 7, "seconds_per_token": None, "samples": 0,
                    "weight": 1.0, "affinity_keys": 0, "affinity_home": 0, "affinity_spilled_in": 0}
     assert 0 < level < 2, level
