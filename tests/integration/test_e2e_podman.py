@@ -119,7 +119,7 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     averaged over recent choices, from the status) deciding the bound's other side
     (routing/affinity.py, replayed on a ledger as the proxy's tracker does, from its levels, the
     rates of the keys living on each replica and the rates' window: a new key settles where the
-    fewest keys live once the ring's home has a quarter of a fair share more); when every replica
+    fewest keys live once the ring's home has 0.3 of a fair share more); when every replica
     is at its bound, or the request has no key, expected finish time with slow start decides
     (routing/speed.py)."""
     routing = dspark_status(s.server, s.api.api_key)["routing"]

@@ -318,8 +318,8 @@ def test_keys_living_on_an_instance_past_its_share_move_one_by_one_to_the_instan
 
     uneven = {place: 0.5, second: 0.3, third: 0.15}
     assert (pick(uneven, 0.05).instance, pick(uneven, 0.05).moved) == (third, True)
-    assert pick({place: 0.38, second: 0.32, third: 0.30}, 0.02).instance == place  # 0.96 > 1.14 - 0.25
-    assert pick({place: 0.6, second: 0.2, third: 0.2}, 0.5).instance == place  # 2.1 > 1.8 - 0.25
+    assert pick({place: 0.38, second: 0.32, third: 0.30}, 0.04).instance == place  # 1.02 > 1.14 - 0.3
+    assert pick({place: 0.6, second: 0.2, third: 0.2}, 0.5).instance == place  # 2.1 > 1.8 - 0.3
     assert pick(uneven, 0.05, levels={place: 0.3, second: 0.9, third: 0.9}).instance == place
     assert pick(uneven, 0.05, shares={place: 1.0, second: 1.0, third: 0.1}).instance == second
     assert pick(None, 0.05).instance == place  # no rates given: the rule does not apply
@@ -333,9 +333,9 @@ def test_at_low_load_the_keys_rates_even_out_what_the_ring_placed_unevenly():
     on average), 30 keys with Zipf popularity: the in-flight counts are too small for the bound
     or the levels to tell an imbalance from noise, so without the keys' rates each key stays
     where the ring put it, and the ring's split of a Zipf load is uneven (in-flight averages
-    2.3x apart on this seed; 1.5-8.4x over ten seeds). The rates even it out (1.23x here, 1.02-1.35x
+    2.3x apart on this seed; 1.5-8.4x over ten seeds). The rates even it out (1.25x here, 1.02-1.25x
     over ten seeds) and, once settled, a key's next request still goes where its last one
-    went (0.1 % elsewhere)."""
+    went (0.6 % elsewhere here, at most 1.1 % over ten seeds)."""
 
     def trace():
         rng = random.Random(0)
@@ -359,7 +359,7 @@ def test_at_low_load_the_keys_rates_even_out_what_the_ring_placed_unevenly():
         return max(area.values()) / min(area.values()), elsewhere / 2500
 
     balance, elsewhere = trace()
-    assert balance < 1.5 and elsewhere < 0.01, (balance, elsewhere)
+    assert balance < 1.5 and elsewhere < 0.02, (balance, elsewhere)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(affinity, "RATE_MARGIN", math.inf)
         assert trace()[0] > 2
@@ -371,20 +371,25 @@ def test_a_ledger_resumed_from_the_status_chooses_as_the_proxy_does_for_new_keys
     are enough to choose as the proxy's own ledger does for keys it has not seen."""
     tracker = InFlightTracker()
     rng = random.Random(3)
-    keys = [key_of(body(system=f"resume {n}: " + SYSTEM)) for n in range(12)]
-    for n in range(150):  # keys living unevenly (the first two thirds of the choices)
+    keys = [key_of(body(system=f"resume {n}: " + SYSTEM)) for n in range(4)]
+    live = []
+    for n in range(150):  # a few in flight, one key half of the requests: its instance has the most
         instance = tracker.choose(1, [1, 2, 3], key=keys[rng.choice([0, 0, 0, 1, 2, 3])])
         tracker.acquire(instance, 1)
-        if n % 3 == 0:
-            tracker.release(instance)
+        live.append(instance)
+        if len(live) > 3:
+            tracker.release(live.pop(0))
     rows, window = tracker.snapshot(), tracker.affinity_snapshot()["rate_window"]
     replay = Ledger()
     replay.resume({i: r["affinity_level"] for i, r in rows.items()},
                   {i: r["affinity_keyed_share"] for i, r in rows.items() if r["affinity_keyed_share"] is not None},
                   window)
     counts = {i: tracker.count(i) for i in (1, 2, 3)}
+    most = max(rows, key=lambda i: rows[i]["affinity_keyed_share"] or 0.0)
     off_the_ring = 0
-    for key in keys[4:]:
+    # new keys, first two whose ring home is where the most keys live, then two others
+    for key in (keys_walking(replay.ring([1, 2, 3]), 2, lambda walk: walk[0] == most)
+                + keys_walking(replay.ring([1, 2, 3]), 2, lambda walk: walk[0] != most)):
         want = replay.choose(key, [1, 2, 3], counts, 1.5)
         assert tracker.affinity.choose(key, [1, 2, 3], counts, 1.5) == want
         off_the_ring += want != replay.ring([1, 2, 3]).home(key.point)
