@@ -184,13 +184,16 @@ def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_boun
     tag = f"t{time.time_ns()}"  # a schema and a prompt no earlier request had
     system = (f"You write order records ({tag}). Each record has an id, a user and a list of items; "
               "prices are numbers, quantities whole numbers. ") * 8  # ~1 KB: four whole 256-byte blocks
-    schema = {"type": "object", "title": tag, "properties": {"order_id": {"type": "string"},
+    # an id of at least 64 characters: each reply takes seconds, so the burst's twelve are in
+    # flight together (with a short id some answered before the last were sent: no bound reached)
+    schema = {"type": "object", "title": tag, "properties": {"order_id": {"type": "string", "minLength": 64,
+                                                                          "maxLength": 96},
                                                              "total": {"type": "number"}},
               "required": ["order_id", "total"], "additionalProperties": False}
 
     def one(i):
         return httpx.post(f"{server.url}/v1/chat/completions", headers=headers, timeout=120, json={
-            "model": SERVED_NAME, "max_tokens": 48, "temperature": 0,
+            "model": SERVED_NAME, "max_tokens": 160, "temperature": 0,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Order {i}."}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": schema}}})
 
