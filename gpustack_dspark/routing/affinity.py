@@ -406,9 +406,9 @@ class Ledger:
         rate = (old + weight) / mass
         # the in-flight its requests bring: its share of choices times all in flight (by levels)
         load = rate * (sum(self.levels.get(c, 0.0) for c in candidates) + 1)
-        placed = {c: self._now(self._placed.get(c)) / mass for c in candidates}
+        living = {c: self._now(self._placed.get(c)) / mass for c in candidates}  # keys living there
         choice = choose(self.ring(candidates), key, candidates, counts, load_bound, shares, place, self.levels,
-                        placed, rate)
+                        living, rate)
         if choice is None:
             self.outcomes["all_full"] += 1
         else:
