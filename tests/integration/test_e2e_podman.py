@@ -129,12 +129,11 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     ids = sorted(i["id"] for i in s.instances())
     estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
     weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
+    def shown(field: str) -> Dict[int, float]:  # a per-instance figure of the status, where it has one
+        return {i: rows[str(i)][field] for i in ids if (rows.get(str(i)) or {}).get(field) is not None}
+
     ledger = affinity.Ledger()
-    ledger.resume({i: rows[str(i)]["affinity_level"] for i in ids
-                   if (rows.get(str(i)) or {}).get("affinity_level") is not None},
-                  {i: rows[str(i)]["affinity_keyed_share"] for i in ids
-                   if (rows.get(str(i)) or {}).get("affinity_keyed_share") is not None},
-                  aff["rate_window"])
+    ledger.resume(shown("affinity_level"), shown("affinity_keyed_share"), aff["rate_window"])
     counts: Dict[int, int] = {i: 0 for i in ids}
     for turn, body in enumerate(bodies):
         key = affinity.request_keys(body["model"], body, config)
