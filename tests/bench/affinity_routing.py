@@ -69,6 +69,9 @@ prefill costs it seconds, so a replica serves well under one request per second)
 start everything and warm grammars, ~1 min calibration, then ~3-5 min per configuration and run
 (120 requests near saturation): the default 3 configurations x 3 runs take roughly 40-60 minutes.
 With the fixture the prompts fit too (the same 2048 context), and everything is ~10x cheaper.
+Long prompts (docs/architecture.md, 2026-12-06): `--prompt-tokens 3000 --max-model-len 4096
+--kv-tokens 47104` (about 15 prompts per cache) hold ~4.5 GB per replica; a closed loop of 12
+with `--warmup 80 --requests 150 --configs eft,eft+affinity` took 55 minutes for three runs.
 """
 
 import argparse
