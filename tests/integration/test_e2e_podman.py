@@ -129,6 +129,7 @@ def _expected_wave(s: ContainerStack, bodies: List[Dict]) -> Dict[int, int]:
     ids = sorted(i["id"] for i in s.instances())
     estimates = {i: (rows.get(str(i)) or {}).get("seconds_per_token") for i in ids}
     weights = {i: (rows.get(str(i)) or {}).get("weight", 1.0) for i in ids}
+
     def shown(field: str) -> Dict[int, float]:  # a per-instance figure of the status, where it has one
         return {i: rows[str(i)][field] for i in ids if (rows.get(str(i)) or {}).get(field) is not None}
 
