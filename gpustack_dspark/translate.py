@@ -562,6 +562,11 @@ class DraftingConfig:
     """The speculative method under the layer (read side: the speculative config's method)."""
     shared_history: int = 256
     """Recent outputs the n-gram index keeps across requests."""
+    sampled_drafts: bool = True
+    """At temperature > 0, draw statistical tokens from their counts and verify them against
+    that distribution (draft_builder.Sampler, drafting/draft_probs.py); False: the most
+    frequent continuation, verified one-hot. A diagnostic, set through vLLM's
+    `--additional-config '{"dspark_drafting": {"sampled_drafts": false}}'`."""
 
     def as_json(self) -> Dict[str, Any]:
         return {"mode": self.mode, "threshold": self.threshold, "length": self.length,
@@ -577,7 +582,8 @@ class DraftingConfig:
                    length=int(given.get("length", spec.num_speculative_tokens if spec else 0)),
                    budget=bool(given.get("budget", False)), engines=tuple(given.get("engines", ())),
                    base_method=given.get("base_method", spec.method if spec else None),
-                   shared_history=int(given.get("shared_history", cls.shared_history)))
+                   shared_history=int(given.get("shared_history", cls.shared_history)),
+                   sampled_drafts=bool(given.get("sampled_drafts", cls.sampled_drafts)))
 
 
 DRAFTING_CONFIG_KEY = DraftingConfig.KEY
@@ -596,8 +602,11 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
             raise KnobError("--additional-config", given, "a JSON object", e.problem) from None
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
-    extra[DraftingConfig.KEY] = DraftingConfig(mode=mode, threshold=threshold, length=length, budget=budget,
-                                               engines=tuple(engines)).as_json()
+    given_layer = extra.get(DraftingConfig.KEY)
+    diagnostics = {k: v for k, v in given_layer.items() if k in ("sampled_drafts", "shared_history")} \
+        if isinstance(given_layer, dict) else {}
+    extra[DraftingConfig.KEY] = {**DraftingConfig(mode=mode, threshold=threshold, length=length, budget=budget,
+                                                  engines=tuple(engines)).as_json(), **diagnostics}
     return ["--scheduler-cls", DRAFTING_SCHEDULER, "--no-async-scheduling",
             "--additional-config", json.dumps(extra, separators=(",", ":"))]
 

@@ -10,7 +10,8 @@ workloads: order JSON (the schema of tests/bench/order_json.py) and a
 fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copied to
 tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
-sweep of forced + statistical. Grammar engines (issue 20): forced + statistical with xgrammar
+sweep of forced + statistical; last (after `--lengths`' variants), forced + statistical with
+one-hot drafts at every temperature (the layer before sampled drafts). Grammar engines (issue 20): forced + statistical with xgrammar
 only (the replica before both engines), and with every request's grammar held by llguidance
 (the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
 these schemas.
@@ -86,7 +87,14 @@ def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -
     for n in lengths:
         out += [(f"forced + statistical, length {n}", fixed_length(n) + [FORCED_STATISTICAL]),
                 (f"forced + statistical, auto, max {n}", auto_up_to(n))]
+    # Last of all (after the lengths): the layer before sampled drafts, for side-by-side runs.
+    out += [("forced + statistical, one-hot drafts", spec + [FORCED_STATISTICAL, *ONE_HOT_DRAFTS])]
     return out
+
+
+# Statistical tokens as the most frequent continuation at any temperature, verified one-hot
+# (draft_builder.Sampler off; a diagnostic of DraftingConfig.sampled_drafts).
+ONE_HOT_DRAFTS = ["--additional-config", '{"dspark_drafting":{"sampled_drafts":false}}']
 
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
@@ -110,23 +118,29 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
     def metric_text() -> str:
         return httpx.get(f"{base_url}/metrics", timeout=10).text
 
-    def forced_counts() -> Dict[str, int]:  # the layer's own counters (absent without the layer)
+    def layer_counts() -> Dict[str, int]:  # the layer's own counters (absent without the layer)
         counters = (httpx.get(f"{base_url}/dspark/info", timeout=10).json().get("drafting") or {}).get("counters") or {}
-        return {what: counters.get(f"forced_{what}", 0) for what in ("accepted", "rejected")}
+        return {f"{kind}_{what}": counters.get(f"{kind}_{what}", 0)
+                for kind in ("forced", "sampled") for what in ("accepted", "rejected", "proposed")}
 
-    before, forced_before = spec_counters(metric_text()), forced_counts()
+    before, layer_before = spec_counters(metric_text()), layer_counts()
     stats = asyncio.run(run_load(base_url, bodies, concurrency,
                                  check=json_check(lambda v: jsonschema.validate(v, schema))))
-    after, forced_after = spec_counters(metric_text()), forced_counts()
+    after, layer_after = spec_counters(metric_text()), layer_counts()
     spec = acceptance(before, after)
-    forced = {what: forced_after[what] - forced_before[what] for what in forced_after}
-    reached = forced["accepted"] + forced["rejected"]
+    layer = {what: layer_after[what] - layer_before[what] for what in layer_after}
+    reached = layer["forced_accepted"] + layer["forced_rejected"]
+    sampled_reached = layer["sampled_accepted"] + layer["sampled_rejected"]
     accepted = spec["accepted"]
     tokens = stats.output_tokens
     return {"tok_s": stats.tokens_per_s, "p50_ms": stats.latency_percentile(50) * 1000,
             "p99_ms": stats.latency_percentile(99) * 1000,
             "acceptance": spec["acceptance_rate"],
-            "forced_acceptance": forced["accepted"] / reached if reached else math.nan,
+            "forced_acceptance": layer["forced_accepted"] / reached if reached else math.nan,
+            # tokens drawn from their counts (temperature > 0): their share of the draft tokens
+            # verified, and the share of those reached that were kept
+            "sampled_share": layer["sampled_proposed"] / spec["drafted"] if spec["drafted"] else math.nan,
+            "sampled_acceptance": layer["sampled_accepted"] / sampled_reached if sampled_reached else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
             "format_errors": stats.format_errors, "truncated": stats.truncated,
             "failed": len(stats.results) - len(stats.ok)}
@@ -153,14 +167,16 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     spread = any("ratio_min" in f and f["ratio_min"] != f["ratio_max"] for _, f in rows)
     print(f"\n{workload}")
     print(f"{'variant':40}{'tok/s':>9}{'x none':>8}" + (f"{'rounds':>13}" if spread else "")
-          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
+          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
     for name, f in rows:
         ratio = f.get("ratio", f["tok_s"] / base if base else math.nan)
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
         forced = "-" if math.isnan(f.get("forced_acceptance", math.nan)) else f"{f['forced_acceptance']:.3f}"
         rounds = f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}" if spread and "ratio_min" in f else ""
+        share, kept = f.get("sampled_share", math.nan), f.get("sampled_acceptance", math.nan)
+        sampled = "-" if not share or math.isnan(share) else f"{share:.2f}/" + ("-" if math.isnan(kept) else f"{kept:.2f}")
         print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}" + (f"{rounds:>13}" if spread else "")
-              + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}"
+              + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}{sampled:>13}"
               f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
 
 

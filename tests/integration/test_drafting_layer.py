@@ -260,6 +260,10 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
                       after[f"{kind}_rejected"] - before[f"{kind}_rejected"]) for kind in ("forced", "spelled")}
     accepted, rejected = reached["forced"]
     assert accepted > 100 and accepted / (accepted + rejected) >= 0.99, reached
+    # Statistical tokens were drawn from their counts and verified against that distribution
+    # (draft_probs.py): the two-sample test above covered them.
+    sampled = after["sampled_proposed"] - before["sampled_proposed"]
+    assert sampled > 50, (sampled, after)
 
     # top_p on draft positions too (it was expanded as garbage like the temperature).
     t07 = exactness.SETTINGS["t07p09"]

@@ -379,7 +379,7 @@ def test_snapshot_is_plain_data():
     snap = budget.snapshot()
     assert snap["max_length"] == 8 and snap["time_model"]["in_use"] is True
     assert snap["counters"]["steps"] == 30 and snap["counters"]["tokens_offered"] >= snap["counters"]["tokens_kept"]
-    assert set(snap["acceptance_per_position"]) == {"forced", "spelled", "statistical", "base"}
+    assert set(snap["acceptance_per_position"]) == {"forced", "spelled", "statistical", "sampled", "base"}
     import json
     json.dumps(snap)
 

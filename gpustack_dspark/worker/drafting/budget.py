@@ -26,6 +26,14 @@ for the `dspark` method and of SmartSpec, arXiv 2406.14066, ported to the schedu
   running requests and admissible waiting prefills need.
 - **Hysteresis**: the decision is kept as a survival cutoff; a new cutoff replaces the
   current one only when it is expected to be better by more than `hysteresis` (a share).
+- **Sampled drafts are cut by the cutoff decided before they were drawn.** A sampled token
+  (draft_builder, temperature > 0) is verified against the distribution it was drawn from,
+  which is exact only if whether its position is verified does not depend on the token drawn
+  there. This step's cutoff depends on every slot's survival, a sampled draft's later slots
+  included, and those follow from its earlier draws. The previous step's cutoff does not, nor
+  does the rank of a slot among the `slot_cap` best (only slots at least as good, earlier
+  positions of its own draft among them, decide it). So a draft with sampled tokens keeps its
+  leading slots at or above the previous cutoff that also rank within the cap.
 
 No vLLM here: the scheduler (scheduler.py) feeds it numbers and applies the lengths.
 """
@@ -34,7 +42,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("forced", "spelled", "statistical", "base")
+SAMPLED = "sampled"
+KINDS = ("forced", "spelled", "statistical", "sampled", "base")
 
 
 @dataclass(frozen=True)
@@ -195,8 +204,23 @@ def _time(a: float, b: float, tokens: int) -> float:
 
 def decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
            model: Optional[Tuple[float, float]], slot_cap: int, previous_cutoff: Optional[float],
-           hysteresis: float, draft_cost: float = 0.0) -> Decision:
-    """The draft length per request (a prefix of each draft) for this step."""
+           hysteresis: float, draft_cost: float = 0.0, held: Sequence[bool] = ()) -> Decision:
+    """The draft length per request (a prefix of each draft) for this step. `held[i]`: draft i
+    has sampled tokens, so it is cut by `previous_cutoff` (None: as built) within the cap."""
+    decision = _decide(survivals, base_tokens, base_output, model, slot_cap, previous_cutoff, hysteresis,
+                       draft_cost)
+    if any(held):
+        capped = _lengths(survivals, sorted((s for d in survivals for s in d), reverse=True)[: max(slot_cap, 0)])
+        for i, draft in enumerate(survivals):
+            if i < len(held) and held[i]:
+                cutoff = -math.inf if previous_cutoff is None else previous_cutoff
+                decision.lengths[i] = min(capped[i], sum(1 for s in draft if s >= cutoff))
+    return decision
+
+
+def _decide(survivals: Sequence[Sequence[float]], base_tokens: int, base_output: float,
+            model: Optional[Tuple[float, float]], slot_cap: int, previous_cutoff: Optional[float],
+            hysteresis: float, draft_cost: float = 0.0) -> Decision:
     full = [len(s) for s in survivals]
     if model is None:
         return Decision(full, 0.0, None, None, "step-time model not profiled yet: drafts as built")
@@ -287,8 +311,9 @@ class SpeculationBudget:
         survivals = [self.acceptance.survival(kinds, confs)[: self.config.max_length]
                      for kinds, confs in drafts]
         offered = sum(len(s) for s in survivals)
+        held = [SAMPLED in kinds for kinds, _ in drafts]
         decision = decide(survivals, base_tokens, base_output, self.model(), slot_cap, self.cutoff,
-                          self.config.hysteresis, self.drafting.for_requests(len(drafts)))
+                          self.config.hysteresis, self.drafting.for_requests(len(drafts)), held)
         c = self.counters
         c.steps += 1
         c.tokens_offered += offered

@@ -16,12 +16,31 @@ other spellings are allowed (`"` and `",` and `","` before the next key), the to
 `spelled`: drafted the same way, but the model picks among spellings, and at temperature > 0
 it is accepted with the model's probability of this spelling. The speculation budget learns
 each kind's acceptance separately.
+
+Sampled (requests at temperature > 0, with a `Sampler`): where the grammar forces nothing, the
+statistical token is *drawn* from what followed the context (its counts, among the candidates
+the grammar allows), and the draft carries that distribution q. vLLM's rejection sampler keeps
+a token drawn from q with probability min(1, p/q) and otherwise resamples max(0, p - q): the
+target's distribution p either way (speculative sampling), and a token is kept with
+probability sum(min(p, q)) instead of p(the most frequent one). Where the model at
+temperature spreads its mass over many values (a number, a date, a name), the most frequent
+continuation is kept a few times in a hundred while a draw from the counts is kept about as
+often as the counts resemble the model. A token drawn from q and verified without q (one-hot)
+is still exact: only the acceptance is lower. So nothing here can bias the output; what must
+hold for the gain to be exact is that q is the distribution the token was drawn from and
+that whether a position is verified does not depend on the token drawn there (the estimate
+and the threshold are computed from the counts, before the draw).
 """
+
+import random
 
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
-FORCED, SPELLED, STATISTICAL = "forced", "spelled", "statistical"
+FORCED, SPELLED, STATISTICAL, SAMPLED = "forced", "spelled", "statistical", "sampled"
+
+Counts = Dict[int, int]
+Dist = Tuple[Tuple[int, ...], Tuple[float, ...]]  # (token ids, their draft probabilities)
 
 
 class GrammarWalker(Protocol):
@@ -48,11 +67,17 @@ class Draft:
     cut_by_threshold: bool = False
     # Each token's own estimate (forced 1): the speculation budget's survival starts from it.
     confidences: List[float] = field(default_factory=list)
+    # Per token, the distribution a sampled token was drawn from; None for the others (one-hot).
+    dists: List[Optional[Dist]] = field(default_factory=list)
 
-    def add(self, token: int, kind: str, confidence: float = 1.0) -> None:
+    def add(self, token: int, kind: str, confidence: float = 1.0, dist: Optional[Dist] = None) -> None:
         self.tokens.append(token)
         self.kinds.append(kind)
         self.confidences.append(confidence)
+        self.dists.append(dist)
+
+    def sampled(self) -> bool:
+        return any(d is not None for d in self.dists)
 
 
 class Spellings:
@@ -79,6 +104,48 @@ class Spellings:
                 return False  # another token spells a shorter or longer piece of the text
         # A token that starts with all of the forced text and goes on may be allowed too.
         return len(text) > self.longest or text not in self.proper_prefixes
+
+
+class Sampler:
+    """Draws a request's statistical tokens from their continuation counts (temperature > 0).
+
+    q = the counts of the `top` most frequent continuations the grammar allows here,
+    normalised. Its estimate (the chance the draft is still right after it, as for a
+    statistical token) is n / (n + k) for n observations of k allowed continuations: one
+    continuation seen c times gives c / (c + 1), the statistical token's estimate; many
+    observations of a few values give nearly 1 (q close to the model's spread)."""
+
+    def __init__(self, counts: Callable[[List[int]], Optional[Counts]], rng: random.Random, top: int = 16) -> None:
+        self.counts, self.rng, self.top = counts, rng, top
+
+    def candidates(self, grammar: GrammarWalker, draft: List[int]) -> Optional[Tuple[Dist, float]]:
+        """(q, estimate) at the end of `draft`, or None when nothing allowed was seen."""
+        counts = self.counts(draft)
+        if not counts:
+            return None
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top]
+        allowed = [(token, count) for token, count in ranked if _allows(grammar, token)]
+        if not allowed:
+            return None
+        n = sum(count for _, count in allowed)
+        dist = (tuple(token for token, _ in allowed), tuple(count / n for _, count in allowed))
+        return dist, n / (n + len(allowed))
+
+    def draw(self, dist: Dist) -> int:
+        tokens, probs = dist
+        u, total = self.rng.random(), 0.0
+        for token, prob in zip(tokens, probs):
+            total += prob
+            if u < total:
+                return token
+        return tokens[-1]
+
+
+def _allows(grammar: GrammarWalker, token: int) -> bool:
+    if grammar.accept_token(token):
+        grammar.rollback(1)
+        return True
+    return False
 
 
 Encode = Callable[[str], Sequence[int]]
@@ -110,7 +177,8 @@ def next_forced_token(grammar: GrammarWalker, encode: Encode, predict: Predict, 
 
 
 def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy: DraftPolicy,
-                token_text: TokenText = lambda _: "", spellings: Optional[Spellings] = None) -> Draft:
+                token_text: TokenText = lambda _: "", spellings: Optional[Spellings] = None,
+                sampler: Optional[Sampler] = None) -> Draft:
     draft = Draft()
     confidence = 1.0
     try:
@@ -127,6 +195,20 @@ def build_draft(grammar: GrammarWalker, encode: Encode, predict: Predict, policy
                     continue
             if not policy.statistical:
                 break
+            if sampler is not None:
+                found = sampler.candidates(grammar, draft.tokens)
+                if found is None:
+                    break
+                dist, estimate = found
+                if confidence * estimate < policy.threshold:  # decided before the draw
+                    draft.cut_by_threshold = True
+                    break
+                token = sampler.draw(dist)
+                if not grammar.accept_token(token):
+                    break  # allowed a moment ago: cannot happen with a deterministic grammar
+                confidence *= estimate
+                draft.add(token, SAMPLED, estimate, dist)
+                continue
             guess = predict(draft.tokens)
             if guess is None:
                 break

@@ -75,10 +75,9 @@ class SharedHistory:
             self.index.remove(self.outputs.popleft())
 
 
-def predict(context: Sequence[int], indexes: Sequence[NgramIndex],
-            min_n: int = 1) -> Optional[Tuple[int, float]]:
-    """The most frequent next token after the longest context any index has seen, with its
-    estimate count / (total + 1); None when no context of length >= min_n was seen."""
+def continuations(context: Sequence[int], indexes: Sequence[NgramIndex], min_n: int = 1) -> Optional[Counts]:
+    """What followed the longest context any index has seen (counts merged over the indexes);
+    None when no context of length >= min_n was seen."""
     max_n = max((ix.max_n for ix in indexes), default=0)
     for n in range(min(max_n, len(context)), min_n - 1, -1):
         key = tuple(context[len(context) - n:])
@@ -89,9 +88,19 @@ def predict(context: Sequence[int], indexes: Sequence[NgramIndex],
                 for token, count in counts.items():
                     merged[token] = merged.get(token, 0) + count
         if merged:
-            token, count = max(merged.items(), key=lambda kv: (kv[1], -kv[0]))
-            return token, count / (sum(merged.values()) + 1)
+            return merged
     return None
+
+
+def predict(context: Sequence[int], indexes: Sequence[NgramIndex],
+            min_n: int = 1) -> Optional[Tuple[int, float]]:
+    """The most frequent next token after the longest context any index has seen, with its
+    estimate count / (total + 1); None when no context of length >= min_n was seen."""
+    merged = continuations(context, indexes, min_n)
+    if not merged:
+        return None
+    token, count = max(merged.items(), key=lambda kv: (kv[1], -kv[0]))
+    return token, count / (sum(merged.values()) + 1)
 
 
 def tail(tokens: Sequence[int], extra: List[int], n: int) -> List[int]:

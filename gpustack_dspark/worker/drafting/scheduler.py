@@ -16,20 +16,22 @@ import dataclasses
 import functools
 import logging
 import os
+import random
 import time
 from collections import OrderedDict
 from typing import Any, Dict, Hashable, List, Optional, Sequence
 
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
-from gpustack_dspark.worker.drafting import budget_step, draft_builder, engines
-from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, predict, tail
+from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines
+from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, continuations, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
 # Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
 logger = logging.getLogger("vllm.dspark.drafting")
 
 MAX_N = 4
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 ENCODE_CACHE_SIZE = 4096
 GRAMMARS_REMEMBERED = 1024  # structured-output keys counted as compiled (about xgrammar's cache)
 
@@ -72,6 +74,11 @@ class DraftingLayer:
         self._grammars: "OrderedDict[Hashable, None]" = OrderedDict()  # structured-output keys seen
         self._texts: Dict[int, str] = {}
         self._spellings: Optional[draft_builder.Spellings] = None
+        # Sampled drafts (temperature > 0): on where the runner takes their distributions.
+        self.sampled_drafts = config.sampled_drafts and draft_probs.available()
+        self.rngs: Dict[str, random.Random] = {}
+        self._rng = random.Random()
+        self.dists: Dict[str, Any] = {}  # request id -> (draft tokens, per-token distribution or None)
 
     def spellings(self) -> draft_builder.Spellings:
         """The vocabulary's token texts, indexed once (a few ms per 10k tokens)."""
@@ -139,8 +146,13 @@ class DraftingLayer:
         def next_token(draft_so_far: List[int]):
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
+        sampler = None
+        if self.sampled_drafts and _samples(request):
+            sampler = draft_builder.Sampler(lambda draft_so_far: continuations(tail(tokens, draft_so_far, MAX_N),
+                                                                              indexes), self.rng_for(request))
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
-        draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings())
+        draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings(),
+                                          sampler)
         self.counters.drafts += 1
         self.counters.drafts_cut_by_threshold += int(draft.cut_by_threshold)
         # A draft-model base drafts from this very position: its tokens beat n-gram guesses
@@ -149,6 +161,17 @@ class DraftingLayer:
                 and (not draft.kinds or draft.kinds[0] != draft_builder.FORCED)):
             return draft_builder.Draft(list(base_draft)[:policy.length], ["base"] * len(base_draft[:policy.length]))
         return draft
+
+    def rng_for(self, request) -> random.Random:
+        """The request's own draw stream when it has a seed (the same seed and the same
+        histories give the same drafts), else the layer's."""
+        seed = getattr(getattr(request, "sampling_params", None), "seed", None)
+        if seed is None:
+            return self._rng
+        rng = self.rngs.get(request.request_id)
+        if rng is None:
+            rng = self.rngs[request.request_id] = random.Random(seed)
+        return rng
 
     def record_verified(self, request_id: str, num_scheduled: int, num_generated: int) -> None:
         kinds = self.kinds.pop(request_id, None)
@@ -172,11 +195,18 @@ class DraftingLayer:
     def finish(self, request) -> None:
         rid = request.request_id
         self.histories.pop(rid, None)
+        self.rngs.pop(rid, None)
+        self.dists.pop(rid, None)
         self.kinds.pop(rid, None)
         self.confs.pop(rid, None)
         self.over_llguidance.discard(rid)
         if self.seen.pop(rid, False):
             self.shared.add_output(list(request.output_token_ids))
+
+
+def _samples(request) -> bool:
+    params = getattr(request, "sampling_params", None)
+    return params is not None and (params.temperature or 0.0) >= SAMPLING_EPS
 
 
 def _bump(counters: DraftingCounters, name: str) -> None:
@@ -269,6 +299,10 @@ def _scheduler_class():
             t2 = time.perf_counter()
             if glue is not None:
                 glue.after_schedule(output)
+            if self.dspark.dists:
+                dists = draft_probs.scheduled(self.dspark.dists, output.scheduled_spec_decode_tokens)
+                if dists:  # the runner verifies these positions against q (draft_probs.py)
+                    setattr(output, draft_probs.ATTR, dists)
             clock.add("layer_us", t1 - t0 + time.perf_counter() - t2)
             clock.add("vllm_scheduler_us", t2 - t1)
             return output
@@ -300,6 +334,7 @@ def _scheduler_class():
             # With the budget on: how far to build this step's drafts (0 while speculation is off).
             build = layer.budget.build_length() if layer.budget is not None else None
             drafted = 0
+            layer.dists.clear()
             for req_id, base_draft in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
                 request = self.requests.get(req_id)
                 if request is None or request.is_finished():
@@ -334,6 +369,8 @@ def _scheduler_class():
                 checking += time.perf_counter() - t
                 layer.counters.grammar_trimmed_tokens += len(draft.tokens) - len(validated)
                 request.spec_token_ids = validated
+                if draft.sampled():
+                    layer.dists[req_id] = (tuple(validated), draft.dists[: len(validated)])
                 layer.kinds[req_id] = draft.kinds[: len(validated)]
                 layer.confs[req_id] = (draft.confidences or [1.0] * len(draft.tokens))[: len(validated)]
             now = time.perf_counter()

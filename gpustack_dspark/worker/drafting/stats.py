@@ -32,6 +32,9 @@ class DraftingCounters:
     statistical_proposed: int = 0
     statistical_accepted: int = 0
     statistical_rejected: int = 0
+    sampled_proposed: int = 0       # statistical tokens drawn from their counts (temperature > 0)
+    sampled_accepted: int = 0
+    sampled_rejected: int = 0
     base_proposed: int = 0          # vLLM's own drafter's tokens, passed through
     base_accepted: int = 0
     base_rejected: int = 0
@@ -87,7 +90,7 @@ class DraftingCounters:
         out: Dict[str, Any] = asdict(self)
         out["tokens_per_forward"] = self.tokens_per_forward()
         out["step_profile"] = self.step_profile()
-        for kind in ("forced", "spelled", "statistical", "base"):
+        for kind in ("forced", "spelled", "statistical", "sampled", "base"):
             out[f"{kind}_acceptance"] = self.acceptance(kind)
         return out
 

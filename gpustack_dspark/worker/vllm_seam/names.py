@@ -116,6 +116,13 @@ INTERNALS: Tuple[Internal, ...] = (
              used_by="vllm_fixes: the accept test's uniforms, to find the positions read back"),
     Internal("GPUModelRunner", "vllm.v1.worker.gpu_model_runner", members=("_sample", "_bookkeeping_sync"),
              used_by="vllm_fixes: seeded requests on chunked prefill"),
+    Internal("GPUModelRunner", "vllm.v1.worker.gpu_model_runner",
+             members=("execute_model", "_get_spec_decode_draft_probs"),
+             member_params={"execute_model": ("self", "scheduler_output"),
+                            "_get_spec_decode_draft_probs": ("self", "spec_decode_metadata")},
+             series=("0.32",),
+             used_by="drafting/draft_probs.py: sampled drafts verified with the distribution they were drawn "
+                     "from (0.33 not read yet: its drafts stay one-hot)"),
 )
 
 # Not vLLM, but shipped pinned beside it and used through vLLM's grammar objects; checked at
