@@ -196,6 +196,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="with more than 1: every variant's replica up at once, each round running every "
                              "variant back to back; ratios are per-round (paired) geometric means")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="requests per workload (other prompts) sent to each replica before measuring, not "
+                             "counted: the drafting layer's shared history then holds the workload")
     add_model_argument(parser)
     args = parser.parse_args(argv)
     model, model_args = resolve(args.model)
@@ -205,15 +208,27 @@ def main(argv=None) -> None:
     if args.only:
         chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
     levels = [int(c) for c in str(args.concurrency).split(",") if c]
-    workloads = {
-        "order JSON": (order_bodies(args.requests, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
+    total = args.requests + args.warmup
+    every = {
+        "order JSON": (order_bodies(total, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
         "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
-            (fixed_schema_bodies(args.requests, args.max_tokens, args.temperature), FIXED_SCHEMA),
+            (fixed_schema_bodies(total, args.max_tokens, args.temperature), FIXED_SCHEMA),
     }
     if args.top_p is not None:
-        for bodies, _ in workloads.values():
+        for bodies, _ in every.values():
             for body in bodies:
                 body["top_p"] = args.top_p
+    # The measured requests, and after them other prompts of the same workload for the warmup.
+    workloads = {w: (bodies[: args.requests], schema) for w, (bodies, schema) in every.items()}
+    warmups = {w: bodies[args.requests:] for w, (bodies, _) in every.items()}
+
+    def warm(replica, name: str) -> None:
+        """`--warmup` requests per workload, not measured: the replica's recent outputs (the
+        drafting layer's shared history) hold this workload, as on a replica that has served it."""
+        for workload, bodies in warmups.items():
+            if bodies:
+                asyncio.run(run_load(replica.base_url, on_llguidance(bodies) if name == LLGUIDANCE_VARIANT else bodies,
+                                     8))
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
                                                               for w in workloads}
@@ -233,6 +248,7 @@ def main(argv=None) -> None:
                                     knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"], model=model)
             try:
                 replica.wait_ready(600)
+                warm(replica, name)
                 for level in levels:
                     for workload in workloads:
                         results[f"{workload}, concurrency {level}"].append(
@@ -250,6 +266,8 @@ def main(argv=None) -> None:
                                               model=model))
             for replica in replicas:
                 replica.wait_ready(600)
+            for replica, (name, _) in zip(replicas, chosen):
+                warm(replica, name)
             per_round: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
             for r in range(args.rounds):
                 for level in levels:
@@ -268,7 +286,7 @@ def main(argv=None) -> None:
         finally:
             for replica in replicas:
                 replica.stop()
-    print(f"{args.requests} requests per workload, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+    print(f"{args.requests} requests per workload (after {args.warmup} warmup), concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
           f"temperature {args.temperature}, top_p {args.top_p or 'unset'}, speculative length {args.length}; model {model.name}; "
           f"{args.rounds} round(s); "
           "real vLLM 0.32 on this CPU")

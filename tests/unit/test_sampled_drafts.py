@@ -14,7 +14,7 @@ from gpustack_dspark.worker.drafting import draft_probs
 from gpustack_dspark.worker.drafting.budget import decide
 from gpustack_dspark.worker.drafting.draft_builder import (FORCED, SAMPLED, STATISTICAL, DraftPolicy, Sampler,
                                                            build_draft)
-from gpustack_dspark.worker.drafting.ngram_index import NgramIndex, continuations, predict
+from gpustack_dspark.worker.drafting.ngram_index import NgramIndex, continuations, interpolated, predict
 
 
 class BranchingGrammar:
@@ -58,29 +58,59 @@ def test_continuations_merge_the_longest_context_and_predict_reads_them():
     assert continuations([7], [own, shared]) is None
 
 
-def test_the_sampler_keeps_what_the_grammar_allows_and_draws_from_its_counts():
+def from_counts(counts):
+    """A proposer over fixed counts, with the statistical estimate n / (n + k)."""
+    def propose(draft):
+        if not counts:
+            return None
+        n = sum(counts.values())
+        return dict(counts), n / (n + len(counts))
+    return propose
+
+
+def test_interpolation_passes_mass_from_long_contexts_to_shorter_ones():
+    index = NgramIndex(2)
+    # After 7: 1 (x3), 2 (x1). After (5, 7): 1 only, seen twice.
+    index.add([5, 7, 1, 9, 5, 7, 1, 9, 8, 7, 1, 9, 6, 7, 2])
+    dist, estimate = interpolated([5, 7], [index])
+    assert estimate == pytest.approx(2 / 3)  # (5, 7): n = 2, k = 1
+    # (5, 7) keeps 2/3 for token 1; the last third goes to (7,): 1 with 3/4, 2 with 1/4.
+    assert dist == pytest.approx({1: 2 / 3 + 1 / 3 * 3 / 4, 2: 1 / 3 * 1 / 4})
+    assert interpolated([4], [index]) is None
+    # A long context seen often keeps nearly all: the walk stops there.
+    often = NgramIndex(2)
+    often.add([5, 7, 1] * 60 + [6, 7, 2])
+    dist, _ = interpolated([5, 7], [often], rest=0.05)
+    assert set(dist) == {1} and dist[1] == pytest.approx(1.0)
+    # Only the `top` most frequent continuations of each context are taken.
+    wide = NgramIndex(1)
+    wide.add([0, 1, 0, 2, 0, 3, 0, 3, 0, 3, 0, 2])
+    assert set(interpolated([0], [wide], top=2)[0]) == {3, 2}
+
+
+def test_the_sampler_keeps_what_the_grammar_allows_and_draws_from_its_weights():
     counts = {10: 6, 11: 3, 12: 1, 13: 5}  # 13 is not allowed here
     grammar = BranchingGrammar([{10, 11, 12}])
-    sampler = Sampler(lambda draft: counts, random.Random(0))
+    sampler = Sampler(from_counts(counts), random.Random(0))
     (tokens, probs), estimate = sampler.candidates(grammar, [])
     assert tokens == (10, 11, 12) and probs == pytest.approx((0.6, 0.3, 0.1))
-    assert estimate == pytest.approx(10 / 13)  # n / (n + k): 10 observations of 3 allowed values
+    assert estimate == pytest.approx(15 / 19)  # the proposer's: n / (n + k) over what it saw
     assert grammar.taken == []  # every candidate was tried and rolled back
     drawn = Counter(sampler.draw((tokens, probs)) for _ in range(20000))
     for token, p in zip(tokens, probs):
         assert drawn[token] / 20000 == pytest.approx(p, abs=0.015), drawn
     # One continuation seen c times: the statistical token's own estimate, c / (c + 1).
-    one = Sampler(lambda draft: {10: 4}, random.Random(0)).candidates(grammar, [])
+    one = Sampler(from_counts({10: 4}), random.Random(0)).candidates(grammar, [])
     assert one == (((10,), (1.0,)), pytest.approx(4 / 5))
     # Nothing allowed, nothing seen: no draw.
-    assert Sampler(lambda draft: {13: 9}, random.Random(0)).candidates(grammar, []) is None
-    assert Sampler(lambda draft: None, random.Random(0)).candidates(grammar, []) is None
+    assert Sampler(from_counts({13: 9}), random.Random(0)).candidates(grammar, []) is None
+    assert Sampler(from_counts({}), random.Random(0)).candidates(grammar, []) is None
 
 
-def test_the_sampler_keeps_only_the_most_frequent_candidates():
+def test_the_sampler_keeps_only_the_heaviest_candidates():
     counts = {t: 100 - t for t in range(40)}
     grammar = BranchingGrammar([set(range(40))])
-    (tokens, probs), _ = Sampler(lambda draft: counts, random.Random(0), top=5).candidates(grammar, [])
+    (tokens, probs), _ = Sampler(from_counts(counts), random.Random(0), top=5).candidates(grammar, [])
     assert tokens == (0, 1, 2, 3, 4) and math.isclose(sum(probs), 1.0)
 
 
@@ -93,11 +123,14 @@ def test_a_sampled_draft_carries_its_distributions_and_forced_tokens_stay_one_ho
     def counts(draft):
         return seen.get(tuple(draft))
 
+    def propose(draft):
+        return from_counts(counts(draft))(draft)
+
     def encode(text):
         return [ord(c) for c in text]
 
     policy = DraftPolicy(length=8, threshold=0.3)
-    draft = build_draft(grammar, encode, lambda d: None, policy, sampler=Sampler(counts, random.Random(1)))
+    draft = build_draft(grammar, encode, lambda d: None, policy, sampler=Sampler(propose, random.Random(1)))
     assert draft.kinds == [FORCED, SAMPLED, FORCED, SAMPLED]
     assert draft.dists[0] is None and draft.dists[2] is None
     assert draft.dists[1] == ((1, 2), (0.75, 0.25)) and draft.dists[3] == ((3, 4), (0.5, 0.5))
@@ -106,7 +139,7 @@ def test_a_sampled_draft_carries_its_distributions_and_forced_tokens_stay_one_ho
     assert grammar.taken == []
     # Over many drafts the value tokens follow the counts (drawn, not the most frequent).
     rng = random.Random(2)
-    firsts = Counter(build_draft(grammar, encode, lambda d: None, policy, sampler=Sampler(counts, rng)).tokens[1]
+    firsts = Counter(build_draft(grammar, encode, lambda d: None, policy, sampler=Sampler(propose, rng)).tokens[1]
                      for _ in range(4000))
     assert firsts[2] / 4000 == pytest.approx(0.25, abs=0.03), firsts
     # Without a sampler (greedy requests): the most frequent continuation, one-hot.
@@ -122,7 +155,7 @@ def test_the_threshold_is_decided_before_the_draw():
     state = rng.getstate()
     # 2 observations of 2 values: estimate 0.5 < 0.6, so no token is drawn at all.
     draft = build_draft(grammar, lambda t: [], lambda d: None, DraftPolicy(length=4, threshold=0.6),
-                        sampler=Sampler(lambda d: {1: 1, 2: 1}, rng))
+                        sampler=Sampler(from_counts({1: 1, 2: 1}), rng))
     assert draft.tokens == [] and draft.cut_by_threshold
     assert rng.getstate() == state
 

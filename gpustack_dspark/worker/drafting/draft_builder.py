@@ -107,29 +107,30 @@ class Spellings:
 
 
 class Sampler:
-    """Draws a request's statistical tokens from their continuation counts (temperature > 0).
+    """Draws a request's statistical tokens (temperature > 0) from a proposed distribution.
 
-    q = the counts of the `top` most frequent continuations the grammar allows here,
-    normalised. Its estimate (the chance the draft is still right after it, as for a
-    statistical token) is n / (n + k) for n observations of k allowed continuations: one
-    continuation seen c times gives c / (c + 1), the statistical token's estimate; many
-    observations of a few values give nearly 1 (q close to the model's spread)."""
+    `propose(draft)` gives weights of the next token (ngram_index.interpolated: continuation
+    counts over the context lengths) and the estimate that the draft is still right after it
+    (as a statistical token's: n / (n + k) for n observations of k continuations, so one
+    continuation seen c times gives c / (c + 1)). q = the weights of the `top` heaviest tokens
+    the grammar allows here, normalised."""
 
-    def __init__(self, counts: Callable[[List[int]], Optional[Counts]], rng: random.Random, top: int = 16) -> None:
-        self.counts, self.rng, self.top = counts, rng, top
+    def __init__(self, propose: Callable[[List[int]], Optional[Tuple[Dict[int, float], float]]],
+                 rng: random.Random, top: int = 24) -> None:
+        self.propose, self.rng, self.top = propose, rng, top
 
     def candidates(self, grammar: GrammarWalker, draft: List[int]) -> Optional[Tuple[Dist, float]]:
         """(q, estimate) at the end of `draft`, or None when nothing allowed was seen."""
-        counts = self.counts(draft)
-        if not counts:
+        proposed = self.propose(draft)
+        if not proposed:
             return None
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top]
-        allowed = [(token, count) for token, count in ranked if _allows(grammar, token)]
+        weights, estimate = proposed
+        ranked = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top]
+        allowed = [(token, weight) for token, weight in ranked if weight > 0 and _allows(grammar, token)]
         if not allowed:
             return None
-        n = sum(count for _, count in allowed)
-        dist = (tuple(token for token, _ in allowed), tuple(count / n for _, count in allowed))
-        return dist, n / (n + len(allowed))
+        total = sum(weight for _, weight in allowed)
+        return (tuple(token for token, _ in allowed), tuple(weight / total for _, weight in allowed)), estimate
 
     def draw(self, dist: Dist) -> int:
         tokens, probs = dist

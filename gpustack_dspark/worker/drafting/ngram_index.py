@@ -7,6 +7,7 @@ estimate is count / (total + 1), so a continuation seen once is never "certain" 
 grammar-forced tokens carry confidence 1.
 """
 
+import heapq
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -80,16 +81,58 @@ def continuations(context: Sequence[int], indexes: Sequence[NgramIndex], min_n: 
     None when no context of length >= min_n was seen."""
     max_n = max((ix.max_n for ix in indexes), default=0)
     for n in range(min(max_n, len(context)), min_n - 1, -1):
-        key = tuple(context[len(context) - n:])
-        merged: Counts = {}
-        for ix in indexes:
-            counts = ix.table.get(key) if n <= ix.max_n else None
-            if counts:
-                for token, count in counts.items():
-                    merged[token] = merged.get(token, 0) + count
+        merged = _merged(tuple(context[len(context) - n:]), indexes)
         if merged:
             return merged
     return None
+
+
+def _merged(key: Tuple[int, ...], indexes: Sequence[NgramIndex]) -> Counts:
+    merged: Counts = {}
+    for ix in indexes:
+        counts = ix.table.get(key) if len(key) <= ix.max_n else None
+        if counts:
+            for token, count in counts.items():
+                merged[token] = merged.get(token, 0) + count
+    return merged
+
+
+def interpolated(context: Sequence[int], indexes: Sequence[NgramIndex], top: int = 24,
+                 rest: float = 0.03) -> Optional[Tuple[Dict[int, float], float]]:
+    """A distribution of the next token for drawing draft tokens (temperature > 0), and the
+    estimate n / (n + k) of the longest context seen (n observations of k continuations).
+
+    Witten-Bell interpolation over the context lengths, longest first: a context seen n times
+    with k continuations keeps n / (n + k) of the mass for its own counts and passes k / (n + k)
+    to the next shorter context, down to one token (which keeps all it is passed). Where the
+    model spreads its mass over many values, a long context has seen only a few of them; the
+    shorter ones have seen more (on order JSON at temperature 0.7, offline against the model's
+    own distribution: kept 0.46 of the time at value tokens, against 0.39 from the longest
+    context alone and 0.18 for the most frequent token). Each context adds its `top` most
+    frequent continuations; the walk stops once less than `rest` of the mass is left to pass on
+    (the distribution is then renormalised)."""
+    max_n = max((ix.max_n for ix in indexes), default=0)
+    dist: Dict[int, float] = {}
+    mass, estimate = 1.0, None
+    for n in range(min(max_n, len(context)), 0, -1):
+        merged = _merged(tuple(context[len(context) - n:]), indexes)
+        if not merged:
+            continue
+        total, kinds = sum(merged.values()), len(merged)
+        if estimate is None:
+            estimate = total / (total + kinds)
+        keep = mass * (total / (total + kinds) if n > 1 else 1.0)
+        best = heapq.nlargest(top, merged.items(), key=lambda kv: (kv[1], -kv[0])) if kinds > top else merged.items()
+        shown = sum(count for _, count in best)
+        for token, count in best:
+            dist[token] = dist.get(token, 0.0) + keep * count / shown
+        mass -= keep
+        if mass < rest:
+            break
+    if estimate is None:
+        return None
+    norm = sum(dist.values())
+    return {token: p / norm for token, p in dist.items()}, estimate
 
 
 def predict(context: Sequence[int], indexes: Sequence[NgramIndex],

@@ -24,7 +24,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
 from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines
-from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, continuations, predict, tail
+from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, interpolated, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
 # Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
@@ -148,8 +148,8 @@ class DraftingLayer:
 
         sampler = None
         if self.sampled_drafts and _samples(request):
-            sampler = draft_builder.Sampler(lambda draft_so_far: continuations(tail(tokens, draft_so_far, MAX_N),
-                                                                              indexes), self.rng_for(request))
+            sampler = draft_builder.Sampler(lambda draft_so_far: interpolated(tail(tokens, draft_so_far, MAX_N),
+                                                                             indexes), self.rng_for(request))
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
         draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings(),
                                           sampler)
