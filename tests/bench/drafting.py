@@ -16,8 +16,10 @@ only (the replica before both engines), and with every request's grammar held by
 (the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
 these schemas.
 
-Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance, and
-output tokens per target forward pass. Every step of the target model yields one sampled
+Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance,
+forced tokens' acceptance, sampled tokens (temperature > 0: their share of the draft tokens /
+the share kept), output tokens per target forward pass and the layer's own share of the
+profiled step time. Every step of the target model yields one sampled
 token plus the drafts it accepted, so forward passes = output tokens - accepted draft tokens
 (vLLM's counters, read before and after): a figure that does not depend on the hardware.
 Figures, not assertions. `--model expanded` serves the benchmark model instead of the fixture
@@ -120,8 +122,9 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
 
     def layer_counts() -> Dict[str, int]:  # the layer's own counters (absent without the layer)
         counters = (httpx.get(f"{base_url}/dspark/info", timeout=10).json().get("drafting") or {}).get("counters") or {}
-        return {f"{kind}_{what}": counters.get(f"{kind}_{what}", 0)
-                for kind in ("forced", "sampled") for what in ("accepted", "rejected", "proposed")}
+        out = {f"{kind}_{what}": counters.get(f"{kind}_{what}", 0)
+               for kind in ("forced", "sampled") for what in ("accepted", "rejected", "proposed")}
+        return {**out, "layer_us": counters.get("layer_us", 0), "step_us": counters.get("step_us", 0)}
 
     before, layer_before = spec_counters(metric_text()), layer_counts()
     stats = asyncio.run(run_load(base_url, bodies, concurrency,
@@ -141,6 +144,8 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             # verified, and the share of those reached that were kept
             "sampled_share": layer["sampled_proposed"] / spec["drafted"] if spec["drafted"] else math.nan,
             "sampled_acceptance": layer["sampled_accepted"] / sampled_reached if sampled_reached else math.nan,
+            # the layer's own code (drafting, the budget, its bookkeeping) over the profiled steps' time
+            "layer_share": layer["layer_us"] / layer["step_us"] if layer["step_us"] else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
             "format_errors": stats.format_errors, "truncated": stats.truncated,
             "failed": len(stats.results) - len(stats.ok)}
@@ -167,17 +172,18 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     spread = any("ratio_min" in f and f["ratio_min"] != f["ratio_max"] for _, f in rows)
     print(f"\n{workload}")
     print(f"{'variant':40}{'tok/s':>9}{'x none':>8}" + (f"{'rounds':>13}" if spread else "")
-          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'fmt err':>8}{'cut':>5}")
+          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'layer%':>8}{'fmt err':>8}{'cut':>5}")
     for name, f in rows:
         ratio = f.get("ratio", f["tok_s"] / base if base else math.nan)
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
         forced = "-" if math.isnan(f.get("forced_acceptance", math.nan)) else f"{f['forced_acceptance']:.3f}"
         rounds = f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}" if spread and "ratio_min" in f else ""
         share, kept = f.get("sampled_share", math.nan), f.get("sampled_acceptance", math.nan)
+        layer_share = "-" if math.isnan(f.get("layer_share", math.nan)) else f"{100 * f['layer_share']:.1f}"
         sampled = "-" if not share or math.isnan(share) else f"{share:.2f}/" + ("-" if math.isnan(kept) else f"{kept:.2f}")
         print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}" + (f"{rounds:>13}" if spread else "")
               + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}{sampled:>13}"
-              f"{f['tokens_per_forward']:9.2f}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
+              f"{f['tokens_per_forward']:9.2f}{layer_share:>8}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
 
 
 def main(argv=None) -> None:
