@@ -12,8 +12,8 @@ import pytest
 
 from gpustack_dspark.worker.drafting import draft_probs
 from gpustack_dspark.worker.drafting.budget import decide
-from gpustack_dspark.worker.drafting.draft_builder import (FORCED, SAMPLED, STATISTICAL, DraftPolicy, Sampler,
-                                                           build_draft)
+from gpustack_dspark.worker.drafting.draft_builder import (FORCED, SAMPLED, STATISTICAL, Calibration, DraftPolicy,
+                                                           Sampler, build_draft)
 from gpustack_dspark.worker.drafting.ngram_index import NgramIndex, continuations, interpolated, predict
 
 
@@ -191,3 +191,17 @@ def test_a_sampled_draft_is_cut_by_the_cutoff_decided_before_it_was_drawn():
     assert decide(drafts, 2, 2, model, 64, math.inf, 0.0, held=[True, True]).lengths == [0, 0]
     # The prefill cap still holds, by rank among the best slots.
     assert decide(drafts, 2, 2, model, 3, None, 0.0, held=[True, True]).lengths == [2, 1]
+
+
+def test_the_calibration_scales_the_estimate_to_what_was_kept():
+    calibration = Calibration(prior=8.0)
+    assert calibration.ratio() == 1.0
+    for i in range(400):  # raw estimates of 0.8, kept half the time
+        calibration.observe(0.8, i % 2 == 0)
+    assert calibration.ratio() == pytest.approx(0.5 / 0.8, abs=0.03)
+    grammar = BranchingGrammar([{1, 2}])
+    (_, _), scaled = Sampler(from_counts({1: 8, 2: 8}), random.Random(0), scale=calibration.ratio()).candidates(
+        grammar, [])
+    assert scaled == pytest.approx(16 / 18 * calibration.ratio())
+    # Capped at 1: a calibration above 1 never makes a token certain.
+    assert Sampler(from_counts({1: 99}), random.Random(0), scale=1.5).candidates(grammar, [])[1] == 1.0

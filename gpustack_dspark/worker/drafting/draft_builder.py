@@ -116,8 +116,11 @@ class Sampler:
     the grammar allows here, normalised."""
 
     def __init__(self, propose: Callable[[List[int]], Optional[Tuple[Dict[int, float], float]]],
-                 rng: random.Random, top: int = 24) -> None:
+                 rng: random.Random, top: int = 24, scale: float = 1.0) -> None:
         self.propose, self.rng, self.top = propose, rng, top
+        self.scale = scale
+        """The estimate's calibration (`Calibration.ratio()`): what drawn tokens were kept over
+        what was estimated for them, so the threshold cuts where acceptance really falls."""
 
     def candidates(self, grammar: GrammarWalker, draft: List[int]) -> Optional[Tuple[Dist, float]]:
         """(q, estimate) at the end of `draft`, or None when nothing allowed was seen."""
@@ -130,7 +133,8 @@ class Sampler:
         if not allowed:
             return None
         total = sum(weight for _, weight in allowed)
-        return (tuple(token for token, _ in allowed), tuple(weight / total for _, weight in allowed)), estimate
+        dist = (tuple(token for token, _ in allowed), tuple(weight / total for _, weight in allowed))
+        return dist, min(1.0, estimate * self.scale)
 
     def draw(self, dist: Dist) -> int:
         tokens, probs = dist
@@ -140,6 +144,28 @@ class Sampler:
             if u < total:
                 return token
         return tokens[-1]
+
+
+@dataclass
+class Calibration:
+    """Drawn tokens' acceptance over their raw estimates (decayed sums, `prior` pseudo-
+    observations at ratio 1). The raw n / (n + k) says how well the counts are known, not how
+    close the model's own spread is to them: on order JSON at temperature 0.7 it was about 0.8
+    where 0.55-0.65 of the drawn tokens were kept, so fixed-length drafts ran long through
+    values and cost more verify time than they saved at 8-16 requests. Learned from what was
+    verified before a draft is built, so it never depends on a token drawn in it."""
+
+    forgetting: float = 0.995
+    prior: float = 8.0
+    kept: float = 0.0
+    predicted: float = 0.0
+
+    def observe(self, raw_estimate: float, accepted: bool) -> None:
+        self.kept = self.kept * self.forgetting + (1.0 if accepted else 0.0)
+        self.predicted = self.predicted * self.forgetting + raw_estimate
+
+    def ratio(self) -> float:
+        return (self.kept + self.prior) / (self.predicted + self.prior)
 
 
 def _allows(grammar: GrammarWalker, token: int) -> bool:

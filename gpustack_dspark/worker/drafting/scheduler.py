@@ -77,6 +77,8 @@ class DraftingLayer:
         # Sampled drafts (temperature > 0): on where the runner takes their distributions.
         self.sampled_drafts = config.sampled_drafts and draft_probs.available()
         self.rngs: Dict[str, random.Random] = {}
+        self.calibration = draft_builder.Calibration()
+        self.scales: Dict[str, float] = {}  # request id -> the calibration its last draft used
         self._rng = random.Random()
         self.dists: Dict[str, Any] = {}  # request id -> (draft tokens, per-token distribution or None)
 
@@ -148,8 +150,10 @@ class DraftingLayer:
 
         sampler = None
         if self.sampled_drafts and _samples(request):
+            scale = self.scales[request.request_id] = self.calibration.ratio()
             sampler = draft_builder.Sampler(lambda draft_so_far: interpolated(tail(tokens, draft_so_far, MAX_N),
-                                                                             indexes), self.rng_for(request))
+                                                                             indexes), self.rng_for(request),
+                                            scale=scale)
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
         draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings(),
                                           sampler)
@@ -185,7 +189,10 @@ class DraftingLayer:
         if self.budget is not None and num_generated > 0:
             self.budget.budget.acceptance.observe(kinds, confs, num_scheduled, accepted)
         counters = self.counters
+        scale = self.scales.get(request_id) or 1.0
         for position, kind in enumerate(kinds[:num_scheduled]):
+            if kind == draft_builder.SAMPLED and position <= accepted and position < len(confs):
+                self.calibration.observe(confs[position] / scale, position < accepted)
             _bump(counters, f"{kind}_proposed")
             if position < accepted:
                 _bump(counters, f"{kind}_accepted")
@@ -196,6 +203,7 @@ class DraftingLayer:
         rid = request.request_id
         self.histories.pop(rid, None)
         self.rngs.pop(rid, None)
+        self.scales.pop(rid, None)
         self.dists.pop(rid, None)
         self.kinds.pop(rid, None)
         self.confs.pop(rid, None)
