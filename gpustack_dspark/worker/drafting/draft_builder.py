@@ -18,8 +18,9 @@ it is accepted with the model's probability of this spelling. The speculation bu
 each kind's acceptance separately.
 
 Sampled (requests at temperature > 0, with a `Sampler`): where the grammar forces nothing, the
-statistical token is *drawn* from what followed the context (its counts, among the candidates
-the grammar allows), and the draft carries that distribution q. vLLM's rejection sampler keeps
+statistical token is *drawn* from what followed the context (its counts, interpolated over the
+context lengths, among the candidates the grammar allows), and the draft carries that
+distribution q. vLLM's rejection sampler keeps
 a token drawn from q with probability min(1, p/q) and otherwise resamples max(0, p - q): the
 target's distribution p either way (speculative sampling), and a token is kept with
 probability sum(min(p, q)) instead of p(the most frequent one). Where the model at
@@ -39,7 +40,6 @@ from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence,
 
 FORCED, SPELLED, STATISTICAL, SAMPLED = "forced", "spelled", "statistical", "sampled"
 
-Counts = Dict[int, int]
 Dist = Tuple[Tuple[int, ...], Tuple[float, ...]]  # (token ids, their draft probabilities)
 
 
