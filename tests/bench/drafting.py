@@ -11,7 +11,8 @@ fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copie
 tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
 sweep of forced + statistical; last (after `--lengths`' variants), forced + statistical with
-one-hot drafts at every temperature (the layer before sampled drafts). Grammar engines (issue 20): forced + statistical with xgrammar
+one-hot drafts at every temperature (the layer before sampled drafts). Grammar engines
+(issue 20): forced + statistical with xgrammar
 only (the replica before both engines), and with every request's grammar held by llguidance
 (the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
 these schemas.
@@ -101,6 +102,11 @@ ONE_HOT_DRAFTS = ["--additional-config", '{"dspark_drafting":{"sampled_drafts":f
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
 LLGUIDANCE_VARIANT = "forced + statistical, llguidance for every request"
+
+
+def for_variant(name: str, bodies: List[Dict]) -> List[Dict]:
+    """The requests as a variant is sent them (the llguidance variant's carry the annotation)."""
+    return on_llguidance(bodies) if name == LLGUIDANCE_VARIANT else bodies
 
 
 def on_llguidance(bodies: List[Dict]) -> List[Dict]:
@@ -233,17 +239,14 @@ def main(argv=None) -> None:
         drafting layer's shared history) hold this workload, as on a replica that has served it."""
         for workload, bodies in warmups.items():
             if bodies:
-                asyncio.run(run_load(replica.base_url, on_llguidance(bodies) if name == LLGUIDANCE_VARIANT else bodies,
-                                     8))
+                asyncio.run(run_load(replica.base_url, for_variant(name, bodies), 8))
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
                                                               for w in workloads}
 
     def run_arm(number: int, name: str, replica, level: int, workload: str, tag: str = "") -> Dict[str, float]:
         bodies, schema = workloads[workload]
-        if name == LLGUIDANCE_VARIANT:
-            bodies = on_llguidance(bodies)
-        figures = measure(replica.base_url, bodies, schema, level)
+        figures = measure(replica.base_url, for_variant(name, bodies), schema, level)
         print(f"[{number}/{len(chosen)}{tag}] {name} / {workload} / c={level}: "
               f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
         return figures

@@ -24,31 +24,24 @@ import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark.worker import vllm_seam
+from gpustack_dspark.worker.drafting.draft_builder import Dist
 
 logger = logging.getLogger("vllm.dspark.draft_probs")
 
 ATTR = "dspark_draft_dists"
 RUNNER_ATTR = "_dspark_draft_dists"
 
-Dist = Tuple[Tuple[int, ...], Tuple[float, ...]]
 StepDists = Dict[str, List[Optional[Dist]]]  # request id -> per draft position, None = one-hot
 
 _installed: List[str] = []
 
 
 def available() -> bool:
-    """Does the installed vLLM have the runner internals this hand-off patches?"""
+    """Does the vLLM seam have the runner rows this hand-off patches for the installed series?
+    (On a series that has them, a missing member stops the layer at start: `vllm_seam.problems`.)"""
     series = vllm_seam.installed_series()
-    for internal in vllm_seam.INTERNALS:
-        if internal.name == "GPUModelRunner" and "_get_spec_decode_draft_probs" in internal.members:
-            if series not in internal.series:
-                return False
-            try:
-                runner = vllm_seam.resolve("GPUModelRunner")
-            except Exception:
-                return False
-            return all(hasattr(runner, m) for m in internal.members)
-    return False
+    return any(internal.name == "GPUModelRunner" and "_get_spec_decode_draft_probs" in internal.members
+               and series in internal.series for internal in vllm_seam.INTERNALS)
 
 
 def scheduled(dists: Dict[str, Tuple[Tuple[int, ...], List[Optional[Dist]]]],
@@ -138,7 +131,3 @@ def register() -> None:
         _installed.append("GPUModelRunner")
     except Exception:  # a plugin must never stop vLLM
         logger.exception("DSpark sampled-draft hand-off not installed; drafts stay one-hot")
-
-
-def installed() -> bool:
-    return bool(_installed)
