@@ -567,6 +567,10 @@ class DraftingConfig:
     that distribution (draft_builder.Sampler, drafting/draft_probs.py); False: the most
     frequent continuation, verified one-hot. A diagnostic, set through vLLM's
     `--additional-config '{"dspark_drafting": {"sampled_drafts": false}}'`."""
+    verifier_rows: bool = True
+    """Draw those tokens from the verifier's own distributions seen after the same tokens
+    (worker/drafting/verifier_rows.py), the counts filling in where it has seen none; False:
+    from the counts only. A diagnostic, like `sampled_drafts`."""
 
     def as_json(self) -> Dict[str, Any]:
         return {"mode": self.mode, "threshold": self.threshold, "length": self.length,
@@ -583,10 +587,13 @@ class DraftingConfig:
                    budget=bool(given.get("budget", False)), engines=tuple(given.get("engines", ())),
                    base_method=given.get("base_method", spec.method if spec else None),
                    shared_history=int(given.get("shared_history", cls.shared_history)),
-                   sampled_drafts=bool(given.get("sampled_drafts", cls.sampled_drafts)))
+                   sampled_drafts=bool(given.get("sampled_drafts", cls.sampled_drafts)),
+                   verifier_rows=bool(given.get("verifier_rows", cls.verifier_rows)))
 
 
 DRAFTING_CONFIG_KEY = DraftingConfig.KEY
+# The layer's settings that pass through `--additional-config` as they are (diagnostics).
+DIAGNOSTICS = ("sampled_drafts", "verifier_rows", "shared_history")
 
 
 def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str],
@@ -603,7 +610,7 @@ def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequenc
         if not isinstance(extra, dict):
             raise KnobError("--additional-config", given, "a JSON object")
     given_layer = extra.get(DraftingConfig.KEY)
-    diagnostics = {k: v for k, v in given_layer.items() if k in ("sampled_drafts", "shared_history")} \
+    diagnostics = {k: v for k, v in given_layer.items() if k in DIAGNOSTICS} \
         if isinstance(given_layer, dict) else {}
     extra[DraftingConfig.KEY] = {**DraftingConfig(mode=mode, threshold=threshold, length=length, budget=budget,
                                                   engines=tuple(engines)).as_json(), **diagnostics}

@@ -25,6 +25,9 @@ COUNTERS = {
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
     "dspark_grammar_compiles_total": "grammar_compiles",
+    # where a request's time went, summed over requests (the benchmarks split prefill from decode)
+    "vllm:request_prefill_time_seconds_sum": "prefill_seconds",
+    "vllm:request_decode_time_seconds_sum": "decode_seconds",
 }
 LATENCY_BUCKET = "vllm:e2e_request_latency_seconds_bucket"
 

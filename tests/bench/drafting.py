@@ -11,7 +11,8 @@ fixed schema from JSONSchemaBench (Glaiveai2K `book_flight_ec10069a`, MIT, copie
 tests/bench/data/). Variants: no speculation / vLLM's base drafter only (n-gram) / the layer's
 statistical drafts only / grammar-forced drafts only / forced + statistical, and a threshold
 sweep of forced + statistical; last (after `--lengths`' variants), forced + statistical with
-one-hot drafts at every temperature (the layer before sampled drafts). Grammar engines
+one-hot drafts at every temperature (the layer before sampled drafts), then with drawn tokens
+from the continuation counts only (the layer before it drew from the verifier's rows). Grammar engines
 (issue 20): forced + statistical with xgrammar
 only (the replica before both engines), and with every request's grammar held by llguidance
 (the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
@@ -19,8 +20,9 @@ these schemas.
 
 Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance,
 forced tokens' acceptance, sampled tokens (temperature > 0: their share of the draft tokens /
-the share kept), output tokens per target forward pass and the layer's own share of the
-profiled step time. Every step of the target model yields one sampled
+the share kept), output tokens per target forward pass, the layer's own share of the
+profiled step time and vLLM's split of a request's time into prefill and decode (per request,
+ms: at concurrency 1 the prompt's forward is a fixed cost no draft shortens). Every step of the target model yields one sampled
 token plus the drafts it accepted, so forward passes = output tokens - accepted draft tokens
 (vLLM's counters, read before and after): a figure that does not depend on the hardware.
 Figures, not assertions. `--model expanded` serves the benchmark model instead of the fixture
@@ -40,6 +42,7 @@ import httpx
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
+from gpustack_dspark.console.figures import increase, parse_metrics
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 from tests.bench.models import add_model_argument, resolve
 from tests.bench.order_json import SAME_VLLM_ARGS
@@ -90,14 +93,19 @@ def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -
     for n in lengths:
         out += [(f"forced + statistical, length {n}", fixed_length(n) + [FORCED_STATISTICAL]),
                 (f"forced + statistical, auto, max {n}", auto_up_to(n))]
-    # Last of all (after the lengths): the layer before sampled drafts, for side-by-side runs.
-    out += [("forced + statistical, one-hot drafts", spec + [FORCED_STATISTICAL, *ONE_HOT_DRAFTS])]
+    # Last of all (after the lengths): the layer before sampled drafts, and before drawing from
+    # the verifier's rows, for side-by-side runs.
+    out += [("forced + statistical, one-hot drafts", spec + [FORCED_STATISTICAL, *ONE_HOT_DRAFTS]),
+            ("forced + statistical, counts-only draws", spec + [FORCED_STATISTICAL, *COUNTS_ONLY])]
     return out
 
 
 # Statistical tokens as the most frequent continuation at any temperature, verified one-hot
 # (draft_builder.Sampler off; a diagnostic of DraftingConfig.sampled_drafts).
 ONE_HOT_DRAFTS = ["--additional-config", '{"dspark_drafting":{"sampled_drafts":false}}']
+# Drawn tokens from the continuation counts only, not the verifier's rows (verifier_rows.py; a
+# diagnostic of DraftingConfig.verifier_rows).
+COUNTS_ONLY = ["--additional-config", '{"dspark_drafting":{"verifier_rows":false}}']
 
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
@@ -132,11 +140,13 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
                for kind in ("forced", "sampled") for what in ("accepted", "rejected", "proposed")}
         return {**out, "layer_us": counters.get("layer_us", 0), "step_us": counters.get("step_us", 0)}
 
-    before, layer_before = spec_counters(metric_text()), layer_counts()
+    text_before, layer_before = metric_text(), layer_counts()
     stats = asyncio.run(run_load(base_url, bodies, concurrency,
                                  check=json_check(lambda v: jsonschema.validate(v, schema))))
-    after, layer_after = spec_counters(metric_text()), layer_counts()
-    spec = acceptance(before, after)
+    text_after, layer_after = metric_text(), layer_counts()
+    spec = acceptance(spec_counters(text_before), spec_counters(text_after))
+    served = increase(parse_metrics(text_before), parse_metrics(text_after)).values
+    requests = served.get("requests", 0.0)
     layer = {what: layer_after[what] - layer_before[what] for what in layer_after}
     reached = layer["forced_accepted"] + layer["forced_rejected"]
     sampled_reached = layer["sampled_accepted"] + layer["sampled_rejected"]
@@ -153,6 +163,10 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             # the layer's own code (drafting, the budget, its bookkeeping) over the profiled steps' time
             "layer_share": layer["layer_us"] / layer["step_us"] if layer["step_us"] else math.nan,
             "tokens_per_forward": tokens / (tokens - accepted) if tokens > accepted else math.nan,
+            # vLLM's own split of a request's time: its prefill (the prompt's forward) and its
+            # decode (every later step); at concurrency 1 the prefill bounds what drafts can gain
+            "prefill_ms": 1000 * served.get("prefill_seconds", math.nan) / requests if requests else math.nan,
+            "decode_ms": 1000 * served.get("decode_seconds", math.nan) / requests if requests else math.nan,
             "format_errors": stats.format_errors, "truncated": stats.truncated,
             "failed": len(stats.results) - len(stats.ok)}
 
@@ -178,7 +192,8 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     spread = any("ratio_min" in f and f["ratio_min"] != f["ratio_max"] for _, f in rows)
     print(f"\n{workload}")
     print(f"{'variant':40}{'tok/s':>9}{'x none':>8}" + (f"{'rounds':>13}" if spread else "")
-          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'layer%':>8}{'fmt err':>8}{'cut':>5}")
+          + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'layer%':>8}"
+          f"{'prefill/decode ms':>19}{'fmt err':>8}{'cut':>5}")
     for name, f in rows:
         ratio = f.get("ratio", f["tok_s"] / base if base else math.nan)
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
@@ -187,9 +202,11 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
         share, kept = f.get("sampled_share", math.nan), f.get("sampled_acceptance", math.nan)
         layer_share = "-" if math.isnan(f.get("layer_share", math.nan)) else f"{100 * f['layer_share']:.1f}"
         sampled = "-" if not share or math.isnan(share) else f"{share:.2f}/" + ("-" if math.isnan(kept) else f"{kept:.2f}")
+        split = f"{f.get('prefill_ms', math.nan):.0f}/{f.get('decode_ms', math.nan):.0f}"
         print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}" + (f"{rounds:>13}" if spread else "")
               + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}{sampled:>13}"
-              f"{f['tokens_per_forward']:9.2f}{layer_share:>8}{f['format_errors'] + f['failed']:8d}{f['truncated']:5d}")
+              f"{f['tokens_per_forward']:9.2f}{layer_share:>8}{split:>19}{f['format_errors'] + f['failed']:8d}"
+              f"{f['truncated']:5d}")
 
 
 def main(argv=None) -> None:

@@ -264,6 +264,10 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     # (draft_probs.py): the two-sample test above covered them.
     sampled = after["sampled_proposed"] - before["sampled_proposed"]
     assert sampled > 50, (sampled, after)
+    # ... drawn from the verifier's own distributions where it had checked the same context
+    # before (verifier_rows.py): its rows came back from the runner and were learned.
+    learned = after["verifier_rows"] - before["verifier_rows"]
+    assert learned > 50, (learned, after)
 
     # top_p on draft positions too (it was expanded as garbage like the temperature).
     t07 = exactness.SETTINGS["t07p09"]

@@ -18,6 +18,12 @@ process through the `vllm.general_plugins` entry point, makes the runner build t
 tokens (what vLLM assumes without probabilities), q's rows for sampled ones. Steps without a
 sampled position go through vLLM's own code. Where the runner lacks these internals (another
 vLLM series), `available()` is False and the layer draws no tokens: its drafts stay one-hot.
+
+The way back (verifier_rows.py): on a step with sampled positions, the verifier's own
+distribution at each of them (its processed logits as `rejection_sample` gets them: the
+`ROW_TOP` most likely tokens and their probabilities) is attached to the step's
+`ModelRunnerOutput` (attribute `ROWS_ATTR`), and the scheduler averages them per context into
+the next drafts' q.
 """
 
 import logging
@@ -25,11 +31,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark.worker import vllm_seam
 from gpustack_dspark.worker.drafting.draft_builder import Dist
+from gpustack_dspark.worker.drafting.verifier_rows import rows_by_request
 
 logger = logging.getLogger("vllm.dspark.draft_probs")
 
 ATTR = "dspark_draft_dists"
 RUNNER_ATTR = "_dspark_draft_dists"
+ROWS_ATTR = "dspark_verifier_rows"
+ROW_TOP = 24  # the verifier's most likely tokens kept per sampled position
+
+# The verifier's top tokens of the step being sampled ([draft tokens, ROW_TOP] each), noted by
+# `rejection_sample` for the runner's `sample_tokens` (one runner per process).
+_noted: List[Tuple[object, object]] = []
 
 StepDists = Dict[str, List[Optional[Dist]]]  # request id -> per draft position, None = one-hot
 
@@ -103,6 +116,7 @@ def _patch() -> None:
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         setattr(self, RUNNER_ATTR, getattr(scheduler_output, ATTR, None))
+        _noted.clear()
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     def _get_spec_decode_draft_probs(self, spec_decode_metadata):
@@ -115,8 +129,40 @@ def _patch() -> None:
         draft_ids = spec_decode_metadata.draft_token_ids.tolist()
         return dense(req_ids, num_draft, draft_ids, dists, vocab).to(spec_decode_metadata.draft_token_ids.device)
 
+    original_sample_tokens = Runner.sample_tokens
+
+    def sample_tokens(self, *args, **kwargs):
+        out = original_sample_tokens(self, *args, **kwargs)
+        dists = getattr(self, RUNNER_ATTR, None)
+        if dists and _noted and hasattr(out, "__dict__") and getattr(out, "req_ids", None):
+            (tokens, probs), num_draft = _noted[0], _noted[1]
+            rows = rows_by_request(list(out.req_ids), num_draft, tokens.tolist(), probs.tolist(), dists)
+            if rows:
+                setattr(out, ROWS_ATTR, rows)
+        _noted.clear()
+        return out
+
+    import importlib
+
+    module = importlib.import_module(vllm_seam.module_of("rejection_sample"))
+    original_rejection_sample = module.rejection_sample
+
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, *args, **kwargs):
+        if draft_probs is not None and target_logits.shape[0]:
+            import torch
+
+            top = min(ROW_TOP, target_logits.shape[-1])
+            values, tokens = target_logits.topk(top, dim=-1)
+            probs = (values - torch.logsumexp(target_logits, dim=-1, keepdim=True)).exp()
+            _noted[:] = [(tokens.cpu(), probs.float().cpu()), list(num_draft_tokens)]
+        return original_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                                         draft_probs, target_logits, *args, **kwargs)
+
     Runner.execute_model = execute_model
     Runner._get_spec_decode_draft_probs = _get_spec_decode_draft_probs
+    Runner.sample_tokens = sample_tokens
+    module.rejection_sample = rejection_sample
 
 
 def register() -> None:

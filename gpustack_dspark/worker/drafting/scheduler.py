@@ -23,7 +23,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
-from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines
+from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines, verifier_rows
 from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, interpolated, predict, tail
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
@@ -81,6 +81,8 @@ class DraftingLayer:
         self.scales: Dict[str, float] = {}  # request id -> the calibration its last draft used
         self._rng = random.Random()
         self.dists: Dict[str, Any] = {}  # request id -> (draft tokens, per-token distribution or None)
+        # The verifier's distributions at sampled positions, per sampling setting (verifier_rows.py).
+        self.verifier = verifier_rows.Tables() if self.sampled_drafts and config.verifier_rows else None
 
     def spellings(self) -> draft_builder.Spellings:
         """The vocabulary's token texts, indexed once (a few ms per 10k tokens)."""
@@ -151,9 +153,16 @@ class DraftingLayer:
         sampler = None
         if self.sampled_drafts and _samples(request):
             scale = self.scales[request.request_id] = self.calibration.ratio()
-            sampler = draft_builder.Sampler(lambda draft_so_far: interpolated(tail(tokens, draft_so_far, MAX_N),
-                                                                             indexes), self.rng_for(request),
-                                            scale=scale)
+
+            def propose(draft_so_far: List[int]):
+                context = tail(tokens, draft_so_far, MAX_N)
+                if table is None:
+                    return interpolated(context, indexes)
+                return table.proposal(context, lambda: interpolated(context, indexes))
+
+            table = (self.verifier.get(verifier_rows.setting_of(request.sampling_params))
+                     if self.verifier is not None else None)
+            sampler = draft_builder.Sampler(propose, self.rng_for(request), scale=scale)
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
         draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings(),
                                           sampler)
@@ -198,6 +207,17 @@ class DraftingLayer:
                 _bump(counters, f"{kind}_accepted")
             elif position == accepted:
                 _bump(counters, f"{kind}_rejected")
+
+    def learn(self, request, draft: Sequence[int], rows: Dict[int, verifier_rows.Row]) -> None:
+        """The verifier's rows at `request`'s sampled positions of the step just verified (its
+        tokens not yet extended by the step), each after the draft's tokens before it."""
+        if self.verifier is None or request is None:
+            return
+        table = self.verifier.get(verifier_rows.setting_of(request.sampling_params))
+        tokens = request.all_token_ids
+        for position, row in sorted(rows.items()):
+            table.add(tail(tokens, list(draft[:position]), MAX_N), row)
+            self.counters.verifier_rows += 1
 
     def finish(self, request) -> None:
         rid = request.request_id
@@ -393,6 +413,13 @@ def _scheduler_class():
             sampled = model_runner_output.sampled_token_ids
             index = model_runner_output.req_id_to_index
             scheduled = scheduler_output.scheduled_spec_decode_tokens
+            try:
+                for req_id, rows in (getattr(model_runner_output, draft_probs.ROWS_ATTR, None) or {}).items():
+                    self.dspark.learn(self.requests.get(req_id), scheduled.get(req_id) or (), rows)
+            except Exception:  # the next drafts draw from what was learned before; the engine goes on
+                self.dspark.counters.layer_errors += 1
+                if self.dspark.counters.layer_errors == 1:
+                    logger.exception("DSpark drafting layer failed to learn the verifier's rows")
             for req_id in scheduler_output.num_scheduled_tokens:
                 position = index.get(req_id)
                 generated = len(sampled[position]) if (sampled and position is not None) else 0

@@ -35,6 +35,7 @@ class DraftingCounters:
     sampled_proposed: int = 0       # statistical tokens drawn from their counts (temperature > 0)
     sampled_accepted: int = 0
     sampled_rejected: int = 0
+    verifier_rows: int = 0          # the verifier's distributions at sampled positions, learned as q
     base_proposed: int = 0          # vLLM's own drafter's tokens, passed through
     base_accepted: int = 0
     base_rejected: int = 0

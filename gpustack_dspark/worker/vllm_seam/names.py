@@ -117,12 +117,19 @@ INTERNALS: Tuple[Internal, ...] = (
     Internal("GPUModelRunner", "vllm.v1.worker.gpu_model_runner", members=("_sample", "_bookkeeping_sync"),
              used_by="vllm_fixes: seeded requests on chunked prefill"),
     Internal("GPUModelRunner", "vllm.v1.worker.gpu_model_runner",
-             members=("execute_model", "_get_spec_decode_draft_probs"),
+             members=("execute_model", "_get_spec_decode_draft_probs", "sample_tokens"),
              member_params={"execute_model": ("self", "scheduler_output"),
-                            "_get_spec_decode_draft_probs": ("self", "spec_decode_metadata")},
+                            "_get_spec_decode_draft_probs": ("self", "spec_decode_metadata"),
+                            "sample_tokens": ("self",)},
              series=("0.32",),
              used_by="drafting/draft_probs.py: sampled drafts verified with the distribution they were drawn "
-                     "from (0.33 not read yet: its drafts stay one-hot)"),
+                     "from, and the verifier's rows handed back (0.33 not read yet: its drafts stay one-hot)"),
+    Internal("rejection_sample", "vllm.v1.sample.rejection_sampler",
+             params=("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+                     "target_logits"),
+             series=("0.32",),
+             used_by="drafting/draft_probs.py: the verifier's processed distribution at sampled positions "
+                     "(verifier_rows.py)"),
 )
 
 # Not vLLM, but shipped pinned beside it and used through vLLM's grammar objects; checked at
