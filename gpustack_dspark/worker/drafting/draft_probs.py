@@ -40,9 +40,10 @@ RUNNER_ATTR = "_dspark_draft_dists"
 ROWS_ATTR = "dspark_verifier_rows"
 ROW_TOP = 24  # the verifier's most likely tokens kept per sampled position
 
-# The verifier's top tokens of the step being sampled ([draft tokens, ROW_TOP] each), noted by
-# `rejection_sample` for the runner's `sample_tokens` (one runner per process).
-_noted: List[Tuple[object, object]] = []
+# This step's: whether its drafts carry q (set by the runner's `execute_model`), and the
+# verifier's top tokens and probabilities ([draft tokens, ROW_TOP] each) with the draft counts,
+# noted by `rejection_sample` for the runner's `sample_tokens` (one runner per process).
+_step: Dict[str, object] = {"wanted": False, "noted": None}
 
 StepDists = Dict[str, List[Optional[Dist]]]  # request id -> per draft position, None = one-hot
 
@@ -115,8 +116,9 @@ def _patch() -> None:
     original_probs = Runner._get_spec_decode_draft_probs
 
     def execute_model(self, scheduler_output, *args, **kwargs):
-        setattr(self, RUNNER_ATTR, getattr(scheduler_output, ATTR, None))
-        _noted.clear()
+        dists = getattr(scheduler_output, ATTR, None)
+        setattr(self, RUNNER_ATTR, dists)
+        _step["wanted"], _step["noted"] = bool(dists), None
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     def _get_spec_decode_draft_probs(self, spec_decode_metadata):
@@ -133,13 +135,16 @@ def _patch() -> None:
 
     def sample_tokens(self, *args, **kwargs):
         out = original_sample_tokens(self, *args, **kwargs)
+        noted, _step["noted"] = _step["noted"], None
         dists = getattr(self, RUNNER_ATTR, None)
-        if dists and _noted and hasattr(out, "__dict__") and getattr(out, "req_ids", None):
-            (tokens, probs), num_draft = _noted[0], _noted[1]
-            rows = rows_by_request(list(out.req_ids), num_draft, tokens.tolist(), probs.tolist(), dists)
-            if rows:
-                setattr(out, ROWS_ATTR, rows)
-        _noted.clear()
+        if noted and dists and hasattr(out, "__dict__") and getattr(out, "req_ids", None):
+            try:
+                tokens, probs, num_draft = noted
+                rows = rows_by_request(list(out.req_ids), num_draft, tokens.tolist(), probs.tolist(), dists)
+                if rows:
+                    setattr(out, ROWS_ATTR, rows)
+            except Exception:  # drafts then draw from what was learned before
+                logger.exception("DSpark: the verifier's rows were not handed back this step")
         return out
 
     import importlib
@@ -149,13 +154,15 @@ def _patch() -> None:
 
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, *args, **kwargs):
-        if draft_probs is not None and target_logits.shape[0]:
-            import torch
+        if _step["wanted"] and draft_probs is not None and target_logits.shape[0]:
+            try:
+                import torch
 
-            top = min(ROW_TOP, target_logits.shape[-1])
-            values, tokens = target_logits.topk(top, dim=-1)
-            probs = (values - torch.logsumexp(target_logits, dim=-1, keepdim=True)).exp()
-            _noted[:] = [(tokens.cpu(), probs.float().cpu()), list(num_draft_tokens)]
+                values, tokens = target_logits.topk(min(ROW_TOP, target_logits.shape[-1]), dim=-1)
+                probs = (values - torch.logsumexp(target_logits, dim=-1, keepdim=True)).exp()
+                _step["noted"] = (tokens.cpu(), probs.float().cpu(), list(num_draft_tokens))
+            except Exception:
+                logger.exception("DSpark: the verifier's rows were not noted this step")
         return original_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                                          draft_probs, target_logits, *args, **kwargs)
 
