@@ -281,6 +281,29 @@ def xgrammar_unsupported(schema: Any) -> Optional[str]:
     return None
 
 
+def length_bounded_string(schema: Any) -> Optional[str]:
+    """Where the first string with minLength/maxLength (and neither pattern nor format) is, or None.
+
+    Why: xgrammar 0.2 (vLLM 0.32's) compiles such a string to a bounded repetition of a
+    character class that admits raw control characters (U+0000-U+001F), which JSON forbids
+    inside a string, and leaves the escapes out (xgrammar issue #800; a plain string is right).
+    Sampling (temperature > 0) then writes a raw tab or newline now and then, and the reply check
+    withholds the reply. llguidance enforces both the bound and JSON's string syntax, so where
+    a replica has it such a schema is served by llguidance (`plan_engine`); else by xgrammar,
+    the reply check catching what it lets through."""
+    stack = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            if ("string" in _types(node) and ("minLength" in node or "maxLength" in node)
+                    and not _pattern_and_length(node)):
+                return "/" + "/".join(str(p) for p in path) if path else "(root)"
+            stack.extend(((*path, k), v) for k, v in reversed(list(node.items())) if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))) if isinstance(v, dict))
+    return None
+
+
 def relax_for_xgrammar(schema: Any) -> Tuple[Any, List[str]]:
     """A copy of `schema` without the keywords vLLM's xgrammar backend refuses, and what was
     dropped ("multipleOf at /properties/n", ...). The grammar then enforces the rest; the
@@ -513,7 +536,9 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
     always-true branch planned as the negation of the others (`one_of`); a 400 when a node every
     document reaches admits no value of its `enum` (`enum_type`). Then xgrammar when it
     supports and compiles the schema exactly (where an `enum` has values its `type` excludes,
-    which xgrammar ignores: llguidance, else xgrammar on `enum_type.narrowed`); else
+    which xgrammar ignores: llguidance, else xgrammar on `enum_type.narrowed`; where a string has
+    a length bound, which xgrammar serves with raw control characters: llguidance when it
+    compiles the schema exactly, `length_bounded_string`); else
     llguidance when it compiles it exactly; else llguidance lenient, then xgrammar relaxed, then
     llguidance with patternProperties taken out (`_without_pattern_properties`)
     (every reply, streamed or not, is checked before its end is delivered: middleware.py,
@@ -535,6 +560,10 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
         found = enum_type.conflict(schema) if isinstance(schema, dict) else None
         if found:
             return _enum_type_plan(schema, dual, found)
+        if dual and length_bounded_string(schema) is not None:  # xgrammar admits control characters there
+            plan = _llguidance_plan(schema, marked=True, allow_lenient=False)
+            if plan is not None:
+                return plan
         return EnginePlan("xgrammar", schema, [])
     unsupported = xgrammar_unsupported(schema)
     if dual:

@@ -286,6 +286,29 @@ def _verdicts(monkeypatch, xgrammar=None, llguidance=None, lenient=None):
     return schema_check
 
 
+def test_a_length_bounded_string_goes_to_llguidance_which_keeps_json_string_syntax(monkeypatch):
+    # xgrammar 0.2 admits raw control characters in a string with minLength/maxLength (#800):
+    # llguidance where the replica has it, exactly; xgrammar alone keeps it (the reply is checked).
+    sc = _verdicts(monkeypatch)
+    bounded = {"type": "object", "properties": {"id": {"type": "string", "minLength": 2, "maxLength": 8}},
+               "required": ["id"]}
+    assert sc.length_bounded_string(bounded) == "/properties/id"
+    plan = sc.plan_engine(bounded, DUAL)
+    assert (plan.engine, plan.exact, plan.grammar_schema[sc.ENGINE_MARK]) == ("llguidance", True, "llguidance")
+    assert {k: v for k, v in plan.grammar_schema.items() if k != sc.ENGINE_MARK} == bounded
+    assert sc.plan_engine(bounded, ("xgrammar",)).engine == "xgrammar"
+    nested = {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": ["string", "null"], "maxLength": 3}]}}
+    assert sc.length_bounded_string(nested) == "/items/anyOf/1"
+    # a plain string, a bound on something else, and pattern/format with a bound (refused by
+    # xgrammar, planned as before) are not this case
+    for other in ({"type": "string"}, {"type": "array", "maxItems": 3, "items": {"type": "string"}},
+                  {"type": "string", "pattern": "^a+$", "maxLength": 4}):
+        assert sc.length_bounded_string(other) is None, other
+    # llguidance cannot compile it exactly: xgrammar as before
+    sc = _verdicts(monkeypatch, llguidance=lambda schema: "no")
+    assert sc.plan_engine(bounded, DUAL).engine == "xgrammar"
+
+
 def test_xgrammar_first_llguidance_where_xgrammar_refuses(monkeypatch):
     sc = _verdicts(monkeypatch)
     order = {"type": "object", "properties": {"a": {"type": "string"}}}
