@@ -265,20 +265,29 @@ def _unsupported_here(node: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def xgrammar_unsupported(schema: Any) -> Optional[str]:
-    """The first keyword vLLM's xgrammar backend refuses, with its location; None if none."""
+def _first_node(schema: Any, finds: Callable[[Dict[str, Any]], Optional[str]]) -> Optional[Tuple[str, str]]:
+    """(where, what) for the first node, depth first in document order, of which `finds` says
+    something; None if none."""
     stack = [((), schema)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, dict):
-            problem = _unsupported_here(node)
-            if problem:
-                where = "/" + "/".join(str(p) for p in path) if path else "(root)"
-                return f"the grammar engine (xgrammar, as vLLM 0.32 uses it) does not support {problem}, at {where}"
+            found = finds(node)
+            if found:
+                return ("/" + "/".join(str(p) for p in path) if path else "(root)"), found
             stack.extend(((*path, k), v) for k, v in reversed(list(node.items())) if isinstance(v, (dict, list)))
         elif isinstance(node, list):
             stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))) if isinstance(v, dict))
     return None
+
+
+def xgrammar_unsupported(schema: Any) -> Optional[str]:
+    """The first keyword vLLM's xgrammar backend refuses, with its location; None if none."""
+    first = _first_node(schema, _unsupported_here)
+    if first is None:
+        return None
+    where, problem = first
+    return f"the grammar engine (xgrammar, as vLLM 0.32 uses it) does not support {problem}, at {where}"
 
 
 def length_bounded_string(schema: Any) -> Optional[str]:
@@ -291,17 +300,10 @@ def length_bounded_string(schema: Any) -> Optional[str]:
     withholds the reply. llguidance enforces both the bound and JSON's string syntax, so where
     a replica has it such a schema is served by llguidance (`plan_engine`); else by xgrammar,
     the reply check catching what it lets through."""
-    stack = [((), schema)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, dict):
-            if ("string" in _types(node) and ("minLength" in node or "maxLength" in node)
-                    and not _pattern_and_length(node)):
-                return "/" + "/".join(str(p) for p in path) if path else "(root)"
-            stack.extend(((*path, k), v) for k, v in reversed(list(node.items())) if isinstance(v, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))) if isinstance(v, dict))
-    return None
+    first = _first_node(schema, lambda node: "a length-bounded string" if (
+        "string" in _types(node) and ("minLength" in node or "maxLength" in node)
+        and not _pattern_and_length(node)) else None)
+    return first[0] if first else None
 
 
 def relax_for_xgrammar(schema: Any) -> Tuple[Any, List[str]]:
