@@ -153,6 +153,8 @@ class DraftingLayer:
         sampler = None
         if self.sampled_drafts and _samples(request):
             scale = self.scales[request.request_id] = self.calibration.ratio()
+            table = (self.verifier.get(verifier_rows.setting_of(request.sampling_params))
+                     if self.verifier is not None else None)
 
             def propose(draft_so_far: List[int]):
                 context = tail(tokens, draft_so_far, MAX_N)
@@ -160,8 +162,6 @@ class DraftingLayer:
                     return interpolated(context, indexes)
                 return table.proposal(context, lambda: interpolated(context, indexes))
 
-            table = (self.verifier.get(verifier_rows.setting_of(request.sampling_params))
-                     if self.verifier is not None else None)
             sampler = draft_builder.Sampler(propose, self.rng_for(request), scale=scale)
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
         draft = draft_builder.build_draft(walker, self.encode, next_token, policy, self.token_text, self.spellings(),

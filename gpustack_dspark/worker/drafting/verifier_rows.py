@@ -132,7 +132,7 @@ class VerifierRows:
             mass -= keep
             if mass < c.rest:
                 break
-        fallen = fallback() if mass >= c.rest or not dist else None
+        fallen = fallback() if mass >= c.rest else None  # (no rows here: mass is still 1)
         if fallen:
             weights, counted = fallen
             for token, prob in weights.items():
