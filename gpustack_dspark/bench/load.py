@@ -20,6 +20,7 @@ class Result:
     error: str = ""
     ttft_s: Optional[float] = None  # streamed requests: time to the first content
     finish_reason: str = ""  # "length": cut at max_tokens, so not a format error of its own
+    index: int = -1  # which request of the run (the body's index), where the runner knows it
 
 
 @dataclass

@@ -238,6 +238,7 @@ async def run_target(target: str, model: Optional[str], settings: Settings, metr
                 if deadline is not None and time.perf_counter() >= deadline:
                     return
                 result = await _one(client, target, settings.body(index, model), settings)
+                result.index = index
                 results.append(result)
                 progress.tick(result.status == 200)
 

@@ -205,10 +205,13 @@ class _Checker:
             self.fail(("source",), f"source {source} needs {gf.SOURCE_FIELDS[source]}")
 
     def _local_path(self, entry: Dict[str, Any]) -> None:
-        """A relative local_path is taken from the YAML file's folder (GPUStack needs an
-        absolute path; relative ones only make sense where the worker shares this disk)."""
+        """A relative local_path is taken from the YAML file's folder, a leading `~` is the
+        home folder of whoever applies it (GPUStack needs an absolute path; such paths only
+        make sense where the worker shares this disk)."""
         path = entry.get("local_path")
-        if isinstance(path, str) and not FsPath(path).is_absolute():
+        if isinstance(path, str) and path.startswith("~"):
+            entry["local_path"] = str(FsPath(path).expanduser().resolve())
+        elif isinstance(path, str) and not FsPath(path).is_absolute():
             entry["local_path"] = str((self.base_dir / path).resolve())
 
     def _gpu_selector(self, entry: Dict[str, Any]) -> Optional[int]:

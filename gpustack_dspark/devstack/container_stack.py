@@ -20,7 +20,7 @@ from gpustack_dspark.backend_ids import replica_info, replica_url  # noqa: F401 
 from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.image import ImageBuild, cpu_image_name
-from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file, model_name_and_replicas
+from gpustack_dspark.devstack.demo_model import FIXTURE_MODEL_FILE, apply_model_file, model_name_and_replicas
 from gpustack_dspark.devstack.postgres import Postgres, free_port
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range
@@ -196,7 +196,7 @@ class ContainerStack:
                          + (f" ({replica_phase(i)})" if str(i["state"]).lower() == "starting" and replica_phase(i) else "")
                          for i in sorted(latest.values(), key=lambda i: i["id"]))
 
-    def deploy(self, model_file: Path = DEMO_MODEL_FILE, timeout_s: float = 600) -> Dict[str, Any]:
+    def deploy(self, model_file: Path = FIXTURE_MODEL_FILE, timeout_s: float = 600) -> Dict[str, Any]:
         """`gpustack-dspark apply -f model_file`; returns once every replica is RUNNING."""
         name, replicas = model_name_and_replicas(model_file)
         self.watch = InstanceWatch(self.api, name)

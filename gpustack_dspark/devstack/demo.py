@@ -36,11 +36,13 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from gpustack_dspark.bench import report, workloads
+from gpustack_dspark.bench import extraction, report, workloads
 from gpustack_dspark.bench.load import json_check
 from gpustack_dspark.bench.runner import Settings, run_target
+from gpustack_dspark.devstack import real_model
 from gpustack_dspark.devstack.container_stack import ContainerStack, replica_url
-from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, model_name_and_replicas
+from gpustack_dspark.devstack.demo_model import (DEMO_MODEL_FILE, FIXTURE_MODEL_FILE, model_name_and_replicas,
+                                                 real_model_wanted, with_real_model)
 from gpustack_dspark.devstack.progress import Progress
 from gpustack_dspark.devstack.replica import REPO_ROOT
 from gpustack_dspark.devstack.server import ADMIN_USER
@@ -52,6 +54,21 @@ OUTPUT_GRACE_S = 1.0  # how long a dead output waits for the signal that may hav
 BENCH_REQUESTS = 32
 BENCH_CONCURRENCY = 4
 BENCH_MAX_TOKENS = 160
+# The real model's benchmark: fresh extraction requests (a new seed every run), every family.
+EXTRACTION_REQUESTS = 24
+# The printed `Try:` request (the demo sends it once and prints the reply): an extraction.
+TRY_SCHEMA = {"type": "object", "properties": {
+    "customer": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 40},
+    "item": {"type": "string", "maxLength": 40}, "quantity": {"type": "integer", "minimum": 1},
+    "unit_price": {"type": "number"}, "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+    "required": ["customer", "city", "item", "quantity", "unit_price", "date"], "additionalProperties": False}
+# One worked example as a turn of the conversation: what a 135 M model needs to copy values right.
+TRY_MESSAGES = [
+    {"role": "system", "content": "Extract the order from the text as JSON. Use only values stated in the text."},
+    {"role": "user", "content": "Customer: Tom Reed, Rome. Date: 2026-01-05. Item: mug (quantity 2, unit price 8.25)."},
+    {"role": "assistant", "content": '{"customer":"Tom Reed","city":"Rome","item":"mug","quantity":2,"unit_price":8.25,'
+                                     '"date":"2026-01-05"}'},
+    {"role": "user", "content": "Customer: Anna Berg, Oslo. Date: 2026-03-14. Item: desk lamp (quantity 3, unit price 24.50)."}]
 
 
 class DemoStop(BaseException):
@@ -142,6 +159,70 @@ def benchmark(stack: ContainerStack, model: str, requests: int = BENCH_REQUESTS,
     return {**bench_summary(report.figures(run)), "concurrency": concurrency}
 
 
+def extraction_benchmark(stack: ContainerStack, model: str, requests: int = EXTRACTION_REQUESTS,
+                         concurrency: int = BENCH_CONCURRENCY, seed: Optional[int] = None) -> Dict[str, Any]:
+    """Fresh extraction requests of every family through GPUStack's /v1 (a new seed each run: no
+    replica has seen them), scored against the records they were written from."""
+    seed = secrets.randbelow(1 << 30) if seed is None else seed
+    tasks = extraction.tasks(seed, requests)
+    settings = Settings(concurrency=concurrency, requests=requests, duration_s=None, stream=False, warmup=0,
+                        timeout_s=300, body=lambda i, name: extraction.body(tasks[i], name),
+                        check=lambda content: True, api_key=stack.api.api_key)
+    metrics = [f"{replica_url(inst)}/metrics" for inst in stack.instances()]
+    run = asyncio.run(run_target(stack.server.url, model, settings, metrics))
+    scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in run.stats.ok]
+    run.stats.format_errors = sum(1 for s in scores if s.finish != "length" and not s.valid)
+    summary = extraction.summarize(scores, failed=len(run.stats.results) - len(run.stats.ok))
+    return {**bench_summary(report.figures(run)), "concurrency": concurrency, "workload": "extraction",
+            "seed": seed, "finished": {"stop": summary.finished_stop, "length": summary.finished_length},
+            "fields_right": f"{summary.fields_right}/{summary.fields_total}"}
+
+
+def try_body(model: str) -> Dict[str, Any]:
+    return {"model": model, "messages": TRY_MESSAGES, "max_tokens": 96, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": TRY_SCHEMA}}}
+
+
+def try_line(url: str, user: str, password: str, body: Dict[str, Any]) -> str:
+    return (f"Try: curl -u {user}:{password} {url}/v1/chat/completions -H 'content-type: application/json' "
+            f"-d '{json.dumps(body, separators=(',', ':'))}'")
+
+
+def try_reply(stack: ContainerStack, body: Dict[str, Any]) -> str:
+    """What the printed request answers (sent once through GPUStack's /v1)."""
+    import httpx
+
+    r = httpx.post(f"{stack.server.url}/v1/chat/completions", json=body, timeout=300,
+                   headers={"Authorization": f"Bearer {stack.api.api_key}"})
+    if r.status_code != 200:
+        return f"HTTP {r.status_code}: {r.text[:200]}"
+    return r.json()["choices"][0]["message"]["content"]
+
+
+class Conversion(threading.Thread):
+    """The real model's conversion, run beside the platform's start (the image build)."""
+
+    def __init__(self, say):
+        super().__init__(daemon=True, name="real-model")
+        self.say = say
+        self.path: Optional[Path] = None
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.path = real_model.real_model(progress=lambda line: self.say(f"[demo] real model: {line}"))
+        except BaseException as e:  # reported by result(), on the main thread
+            self.error = e
+
+    def result(self) -> Path:
+        while self.is_alive():
+            self.join(0.5)  # in short waits: a stop signal still lands on the main thread
+        if self.error is not None:
+            raise RuntimeError(f"the real model could not be had: {self.error}")
+        assert self.path is not None
+        return self.path
+
+
 def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progress, stopper: Stopper) -> int:
     # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes);
     model, replicas = model_name_and_replicas(model_file)
@@ -154,8 +235,15 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
     stack = ContainerStack(base, api_port=port, admin_password=password, say=say,
                            on_phase=out.phase, spare_session=stopper.session)
     code = 1
+    real = real_model_wanted(model_file)
     try:
         say(f"[demo] state in {base} (log {base / DEMO_LOG})")
+        conversion = None
+        if real:
+            say(f"[demo] model: {real_model.MODEL_NAME} (PyPI {real_model.PACKAGE}=={real_model.PACKAGE_VERSION}), "
+                "converted once into the cache beside the platform's start")
+            conversion = Conversion(say)
+            conversion.start()
         say("[demo] the CPU DSpark image is reused while its inputs are unchanged; else it is built "
             "from the worker venv while GPUStack starts (about a minute cold, seconds after a code change)")
         stack.start_platform()
@@ -169,18 +257,33 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
             f"{_feature_line(status)}")
         say(f"[demo] CPU worker {stack.worker_name} ready, labelled role=json-inference, deploys with Podman; "
             f"image {stack.image}")
+        if conversion is not None:
+            out.phase("real model", lambda: "waiting for the conversion")
+            model_file = with_real_model(model_file, conversion.result(), base)
         stack.deploy(model_file, timeout_s=1500)  # minutes on a busy 2-core machine
-        out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
-        say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
-        say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
+        if real:
+            out.phase("benchmark", lambda: f"{EXTRACTION_REQUESTS} fresh extraction requests, "
+                                           f"{BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {EXTRACTION_REQUESTS} extraction requests no replica has seen, through "
+                "GPUStack's /v1, scored against the records they were written from")
+            say("[demo] benchmark: " + json.dumps(extraction_benchmark(stack, model)))
+        else:
+            out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
+            say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
         out.phase(None)
         say(f"[demo] phases (s): {json.dumps(stack.phases)}")
         say(f"GPUStack UI: {stack.server.url}/")
         say(f"Admin login: {ADMIN_USER} / {password}")
         say(f"Plugin status: curl -u {ADMIN_USER}:{password} {stack.server.url}/v2/dspark/status")
-        say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
-            f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
-            f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
+        if real:
+            body = try_body(model)
+            say(try_line(stack.server.url, ADMIN_USER, password, body))
+            say(f"  -> {try_reply(stack, body)}")
+        else:
+            say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
+                f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
+                f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
         say("[demo] serving; press Ctrl-C to stop and clean up")
         while True:
             time.sleep(1.0)
@@ -220,10 +323,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      description="Run GPUStack with DSpark replicas in containers on this machine.")
     parser.add_argument("--port", type=int, default=9180, help="GPUStack API/UI port on 127.0.0.1 (default 9180)")
     parser.add_argument("--model-file", type=Path, default=DEMO_MODEL_FILE,
-                        help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(REPO_ROOT)})")
+                        help=f"model YAML to apply (default {DEMO_MODEL_FILE.relative_to(REPO_ROOT)}: the real model, "
+                             "SmolLM2-135M-Instruct)")
+    parser.add_argument("--fixture", action="store_true",
+                        help=f"the test fixture instead ({FIXTURE_MODEL_FILE.relative_to(REPO_ROOT)}: starts fastest, "
+                             "its answers are junk)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep state here instead of a temporary folder removed on exit (but for its demo.log)")
     args = parser.parse_args(argv)
+    if args.fixture:
+        if args.model_file != DEMO_MODEL_FILE:
+            parser.error("--fixture and --model-file: give one")
+        args.model_file = FIXTURE_MODEL_FILE
     try:
         model_name_and_replicas(args.model_file)
     except (OSError, ValueError, yaml.YAMLError) as e:

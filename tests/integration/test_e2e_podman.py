@@ -50,7 +50,7 @@ def stack():
     s = ContainerStack(base, say=print)
     try:
         s.start_platform()
-        s.deploy(timeout_s=900)  # gpustack-dspark apply -f deploy/models/cpu-demo.yaml
+        s.deploy(timeout_s=900)  # gpustack-dspark apply -f deploy/models/cpu-demo-fixture.yaml
         yield s
     finally:
         problems = s.stop()
@@ -405,14 +405,14 @@ def test_a_replica_that_cannot_start_says_why_and_is_not_restarted_in_a_loop(sta
     change to the model lets it start again."""
     from gpustack_dspark.admission.start_failure import HELD_NOTE
     from gpustack_dspark.devstack.container_stack import InstanceWatch
-    from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_model_file
+    from gpustack_dspark.devstack.demo_model import FIXTURE_MODEL_FILE, apply_model_file
 
     s = stack
     missing = "/nonexistent/order.schema.json"
-    text = DEMO_MODEL_FILE.read_text()
+    text = FIXTURE_MODEL_FILE.read_text()
     text = text.replace("name: tiny-order", "name: tiny-order-broken").replace("replicas: 2", "replicas: 1")
     text = text.replace("  - --enforce-eager", f"  - --dspark-schema={missing}\n  - --enforce-eager")
-    text = text.replace("local_path: ../../fixtures/models/tiny-order-llama", f"local_path: {(DEMO_MODEL_FILE.parent / '../../fixtures/models/tiny-order-llama').resolve()}")
+    text = text.replace("local_path: ../../fixtures/models/tiny-order-llama", f"local_path: {(FIXTURE_MODEL_FILE.parent / '../../fixtures/models/tiny-order-llama').resolve()}")
     model_file = tmp_path / "broken.yaml"
     model_file.write_text(text)
     s.watch = InstanceWatch(s.api, "tiny-order-broken")

@@ -58,7 +58,7 @@ def test_subcommands_plug_into_one_parser():
 
 # The bench modules the CLI may import; they talk HTTP only (checked below).
 CLI_BENCH_MODULES = {"gpustack_dspark.bench.load", "gpustack_dspark.bench.runner", "gpustack_dspark.bench.report",
-                     "gpustack_dspark.bench.workloads"}
+                     "gpustack_dspark.bench.workloads", "gpustack_dspark.bench.extraction"}
 
 
 # The console's pure planners the rolling sweep shares (cli/sweep_rolling.py, bench/sweep.py).

@@ -8,15 +8,42 @@ from gpustack_dspark.bench import report
 from gpustack_dspark.bench.load import Result, RunStats
 from gpustack_dspark.bench.runner import TargetRun
 from gpustack_dspark.devstack.demo import bench_summary
-from gpustack_dspark.devstack.demo_model import DEMO_MODEL_FILE, apply_argv, model_name_and_replicas
+from gpustack_dspark.devstack import real_model
+from gpustack_dspark.devstack.demo import main as demo_main
+from gpustack_dspark.devstack.demo_model import (DEMO_MODEL_FILE, FIXTURE_MODEL_FILE, apply_argv,
+                                                 model_name_and_replicas, real_model_wanted, with_real_model)
 
 
 def test_the_demo_deploys_the_cpu_demo_file_with_the_cli():
-    assert model_name_and_replicas(DEMO_MODEL_FILE) == ("tiny-order", 2)
+    assert model_name_and_replicas(DEMO_MODEL_FILE) == ("smollm2-135m-instruct", 2)
+    assert model_name_and_replicas(FIXTURE_MODEL_FILE) == ("tiny-order", 2)
     argv = apply_argv(DEMO_MODEL_FILE, "http://127.0.0.1:9180", "key-1")
     assert argv[-8:] == ["apply", "-f", str(DEMO_MODEL_FILE), "--no-wait", "--server", "http://127.0.0.1:9180",
                          "--api-key", "key-1"]
     assert Path(argv[0]).name == "gpustack-dspark" or argv[-9:-8] == ["gpustack_dspark.cli.main"]
+
+
+def test_the_real_model_is_converted_first_and_applied_where_the_conversion_is(tmp_path):
+    assert real_model_wanted(DEMO_MODEL_FILE) and not real_model_wanted(FIXTURE_MODEL_FILE)
+    link = real_model.link_path(tmp_path / "cache" / "gpustack-dspark" / "models")
+    link.parent.mkdir(parents=True)
+    target = link.with_name(link.name + "-abc")
+    target.mkdir()
+    link.symlink_to(target.name)
+    # the demo file's ~/.cache is not this cache folder: a copy naming the conversion is applied
+    copy = with_real_model(DEMO_MODEL_FILE, target, tmp_path)
+    assert copy.parent == tmp_path and f"local_path: {target}" in copy.read_text()
+    assert model_name_and_replicas(copy) == ("smollm2-135m-instruct", 2)
+    # a file whose local_path reaches the conversion is applied as it is
+    own = tmp_path / "own.yaml"
+    own.write_text(f"name: m\nsource: local_path\nlocal_path: {link}\n")
+    assert real_model_wanted(own) and with_real_model(own, target, tmp_path / "x") == own
+
+
+def test_the_fixture_is_one_flag_away_and_not_both(capsys):
+    with pytest.raises(SystemExit) as stop:
+        demo_main(["--fixture", "--model-file", str(FIXTURE_MODEL_FILE)])
+    assert stop.value.code == 2 and "--fixture and --model-file: give one" in capsys.readouterr().err
 
 
 def test_a_demo_file_with_more_than_one_model_is_refused(tmp_path):

@@ -73,7 +73,7 @@ def test_the_node_label_sync_reports_through_the_plugin_only():
         assert not any(".observe" in n or ".placement" in n or ".routing" in n for n in imported), path
 
 
-CLI_BENCH_LIBRARY = {"load", "workloads", "runner", "report", "sweep"}
+CLI_BENCH_LIBRARY = {"load", "workloads", "runner", "report", "sweep", "extraction"}
 
 
 def _all_imports(path: Path) -> set:

@@ -11,6 +11,7 @@ from gpustack_dspark.cli import gpustack_fields, plan, status, wait
 from gpustack_dspark.cli.client import CLIError
 from gpustack_dspark.cli.main import main
 from gpustack_dspark.cli.modeldoc import SpecErrors, load_file, parse_text
+from gpustack_dspark.devstack import real_model
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "models"
@@ -117,8 +118,19 @@ def test_a_plain_gpustack_document_passes_through_untouched():
                                                "backend": "vLLM", "backend_parameters": ["--max-model-len=4096"]}
 
 
-def test_the_cpu_demo_file():
+def test_the_cpu_demo_file_serves_the_real_model_from_its_cache_link():
     doc, = load_file(str(EXAMPLES / "cpu-demo.yaml"))
+    assert doc.name == real_model.SERVED_NAME
+    # `~` is the home folder of whoever applies it; the link is resolved to the conversion it names
+    assert doc.entry["local_path"] == str((Path.home() / ".cache/gpustack-dspark/models/SmolLM2-135M-Instruct").resolve())
+    assert (doc.entry["backend_version"], doc.entry["cpu_offloading"], doc.entry["replicas"]) == (
+        backend.CPU_VERSION, True, 2)
+    assert doc.entry["backend_parameters"][-4:] == ["--enforce-eager", "--dtype=float32", "--max-model-len=2048",
+                                                    "--kv-cache-memory-bytes=268435456"]
+
+
+def test_the_fixture_demo_file():
+    doc, = load_file(str(EXAMPLES / "cpu-demo-fixture.yaml"))
     assert doc.name == "tiny-order"  # served as GPUStack's model name (devstack.replica.SERVED_NAME)
     assert doc.entry["local_path"] == str(REPO / "fixtures" / "models" / "tiny-order-llama")
     assert (doc.entry["backend_version"], doc.entry["cpu_offloading"], doc.entry["replicas"]) == (
@@ -129,7 +141,7 @@ def test_the_cpu_demo_file():
 
 def test_every_example_parses():
     names = [load_file(str(p))[0].name for p in sorted(EXAMPLES.glob("*.yaml"))]
-    assert len(names) == 6
+    assert len(names) == 7
 
 
 def test_the_field_list_is_gpustack_2_3s():

@@ -21,7 +21,8 @@ NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", ".tools", "__pycache__", "
 STAND_INS = {"stand_in_kube_api.py", "stand_in_replica.py", "stand_in_instances.py"}
 EXPERIMENTS = {"routing_compare.py", "drafting.py", "budget_trace.py", "schema_bench.py", "order_json.py",
                "format_check_cost.py"}
-CLI_BENCH_LIBRARY = {"__init__.py", "load.py", "workloads.py", "runner.py", "report.py", "sweep.py"}
+CLI_BENCH_LIBRARY = {"__init__.py", "load.py", "workloads.py", "runner.py", "report.py", "sweep.py",
+                     "extraction.py"}
 
 
 @pytest.fixture(scope="module")
