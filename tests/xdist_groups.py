@@ -26,6 +26,7 @@ SHARED_PLATFORM_MODULES = frozenset({
     "tests/integration/test_console_browser.py",
     "tests/integration/test_deploy_form_browser.py",
     "tests/integration/test_observability.py",
+    "tests/integration/test_real_model.py",
     "tests/integration/test_request_path.py",
     "tests/integration/test_routing_dspark_replicas.py",
 })

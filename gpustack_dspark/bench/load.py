@@ -76,25 +76,26 @@ async def run_load(base_url: str, bodies: List[Dict[str, Any]], concurrency: int
     results: List[Result] = []
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s) as client:
-        async def one(body: Dict[str, Any]) -> None:
+        async def one(index: int, body: Dict[str, Any]) -> None:
             async with sem:
                 started = time.perf_counter()
                 try:
                     r = await client.post("/v1/chat/completions", json=body)
                     latency = time.perf_counter() - started
                     if r.status_code != 200:
-                        results.append(Result(latency, r.status_code, error=r.text[:200]))
+                        results.append(Result(latency, r.status_code, error=r.text[:200], index=index))
                         return
                     data = r.json()
                     choice = data["choices"][0]
                     results.append(Result(latency, 200, int(data["usage"]["completion_tokens"]),
                                           choice["message"]["content"] or "",
-                                          finish_reason=choice.get("finish_reason") or ""))
+                                          finish_reason=choice.get("finish_reason") or "", index=index))
                 except httpx.HTTPError as e:
-                    results.append(Result(time.perf_counter() - started, 0, error=f"{type(e).__name__}: {e}"))
+                    results.append(Result(time.perf_counter() - started, 0, error=f"{type(e).__name__}: {e}",
+                                          index=index))
 
         started = time.perf_counter()
-        await asyncio.gather(*(one(b) for b in bodies))
+        await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
         stats = RunStats(time.perf_counter() - started, results)
     if check is not None:
         stats.count_format_errors(check)

@@ -31,17 +31,21 @@ Figures, not assertions. `--model expanded` serves the benchmark model instead o
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
+import secrets
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
 from gpustack_dspark.bench.load import acceptance, json_check, run_load, spec_counters
-from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_bodies
+from gpustack_dspark.bench import extraction
+from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_body
 from gpustack_dspark.console.figures import increase, parse_metrics
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 from tests.bench.models import add_model_argument, resolve
@@ -51,9 +55,9 @@ FIXED_SCHEMA = json.loads((Path(__file__).parent / "data" / "glaive_book_flight.
 CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Rome")
 
 
-def fixed_schema_bodies(count: int, max_tokens: int, temperature: float) -> List[Dict]:
+def fixed_schema_bodies(count: int, max_tokens: int, temperature: float, offset: int = 0) -> List[Dict]:
     bodies = []
-    for i in range(count):
+    for i in range(offset, offset + count):
         prompt = (f"Book a flight to {CITIES[i % len(CITIES)]} for {1 + i % 4} passengers, leaving "
                   f"2026-0{1 + i % 9}-1{i % 10} and returning 2026-0{1 + i % 9}-2{i % 10}. "
                   f"Schema: {json.dumps(FIXED_SCHEMA, separators=(',', ':'))}")
@@ -62,6 +66,41 @@ def fixed_schema_bodies(count: int, max_tokens: int, temperature: float) -> List
                        "response_format": {"type": "json_schema",
                                            "json_schema": {"name": "book_flight", "schema": FIXED_SCHEMA}}})
     return bodies
+
+
+EXTRACTION = "extraction (six families, fresh records)"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One arm's requests: the bodies, the schema they share (None: each its own) and, for
+    extraction, the tasks they were written from (to score replies against)."""
+    bodies: List[Dict]
+    schema: Optional[Dict]
+    tasks: Optional[List[extraction.Task]] = None
+
+
+def workload_names(kind: str) -> List[str]:
+    if kind == "extraction":
+        return [EXTRACTION]
+    return ["order JSON", "fixed schema (JSONSchemaBench Glaiveai2K book_flight)"]
+
+
+def batch(workload: str, count: int, serial: int, seed: int, max_tokens: int, temperature: float,
+          top_p: Optional[float]) -> Batch:
+    """`count` requests of `workload` no earlier batch of this run had: `serial` numbers the batch
+    (a round and concurrency level, or the warmup), and each serial draws new requests."""
+    if workload == EXTRACTION:
+        tasks = extraction.tasks(seed * 1000 + serial, count)
+        return Batch([extraction.body(t, SERVED_NAME, temperature, top_p) for t in tasks], None, tasks)
+    if workload == "order JSON":
+        bodies, schema = [order_body(serial * count + i, max_tokens, temperature, SERVED_NAME)
+                          for i in range(count)], ORDER_SCHEMA
+    else:
+        bodies, schema = fixed_schema_bodies(count, max_tokens, temperature, serial * count), FIXED_SCHEMA
+    if top_p is not None:
+        bodies = [{**body, "top_p": top_p} for body in bodies]
+    return Batch(bodies, schema)
 
 
 FORCED_STATISTICAL = "--dspark-drafting=forced+statistical"
@@ -128,7 +167,8 @@ def on_llguidance(bodies: List[Dict]) -> List[Dict]:
     return out
 
 
-def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -> Dict[str, float]:
+def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurrency: int,
+            tasks: Optional[List[extraction.Task]] = None) -> Dict[str, float]:
     import jsonschema
 
     def metric_text() -> str:
@@ -141,8 +181,15 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
         return {**out, "layer_us": counters.get("layer_us", 0), "step_us": counters.get("step_us", 0)}
 
     text_before, layer_before = metric_text(), layer_counts()
-    stats = asyncio.run(run_load(base_url, bodies, concurrency,
-                                 check=json_check(lambda v: jsonschema.validate(v, schema))))
+    check = json_check(lambda v: jsonschema.validate(v, schema)) if schema is not None else None
+    stats = asyncio.run(run_load(base_url, bodies, concurrency, check=check))
+    fields = {}
+    if tasks is not None:  # each reply judged by its own schema and scored against its record
+        scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in stats.ok]
+        stats.format_errors = sum(1 for x in scores if x.finish != "length" and not x.valid)
+        summary = extraction.summarize(scores)
+        fields = {"fields_right": summary.fields_right, "fields_total": summary.fields_total,
+                  "stopped": summary.finished_stop}
     text_after, layer_after = metric_text(), layer_counts()
     spec = acceptance(spec_counters(text_before), spec_counters(text_after))
     served = increase(parse_metrics(text_before), parse_metrics(text_after)).values
@@ -168,7 +215,10 @@ def measure(base_url: str, bodies: List[Dict], schema: Dict, concurrency: int) -
             "prefill_ms": 1000 * served.get("prefill_seconds", math.nan) / requests if requests else math.nan,
             "decode_ms": 1000 * served.get("decode_seconds", math.nan) / requests if requests else math.nan,
             "format_errors": stats.format_errors, "truncated": stats.truncated,
-            "failed": len(stats.results) - len(stats.ok)}
+            "failed": len(stats.results) - len(stats.ok), **fields}
+
+
+SUMMED = ("format_errors", "truncated", "failed", "fields_right", "fields_total", "stopped")
 
 
 def combined(rounds: List[Dict[str, float]], base_rounds: List[Dict[str, float]]) -> Dict[str, float]:
@@ -179,7 +229,7 @@ def combined(rounds: List[Dict[str, float]], base_rounds: List[Dict[str, float]]
     out: Dict[str, float] = {}
     for key in rounds[0]:
         values = [r[key] for r in rounds]
-        out[key] = sum(values) if key in ("format_errors", "truncated", "failed") else sum(values) / len(values)
+        out[key] = sum(values) if key in SUMMED else sum(values) / len(values)
     ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(rounds, base_rounds) if b["tok_s"]]
     if ratios:
         out["ratio"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
@@ -193,7 +243,7 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
     print(f"\n{workload}")
     print(f"{'variant':40}{'tok/s':>9}{'x none':>8}" + (f"{'rounds':>13}" if spread else "")
           + f"{'P50 ms':>9}{'P99 ms':>9}{'accept':>8}{'forced':>8}{'sampled':>13}{'tok/fwd':>9}{'layer%':>8}"
-          f"{'prefill/decode ms':>19}{'fmt err':>8}{'cut':>5}")
+          f"{'prefill/decode ms':>19}{'fmt err':>8}{'cut':>5}{'fields right':>14}")
     for name, f in rows:
         ratio = f.get("ratio", f["tok_s"] / base if base else math.nan)
         acc = "-" if math.isnan(f["acceptance"]) else f"{f['acceptance']:.3f}"
@@ -206,7 +256,13 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
         print(f"{name:40}{f['tok_s']:9.1f}{ratio:8.2f}" + (f"{rounds:>13}" if spread else "")
               + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}{sampled:>13}"
               f"{f['tokens_per_forward']:9.2f}{layer_share:>8}{split:>19}{f['format_errors'] + f['failed']:8d}"
-              f"{f['truncated']:5d}")
+              f"{f['truncated']:5d}{fields_right(f):>14}")
+
+
+def fields_right(f: Dict[str, float]) -> str:
+    if not f.get("fields_total"):
+        return "-"
+    return f"{f['fields_right']:.0f}/{f['fields_total']:.0f} {100 * f['fields_right'] / f['fields_total']:.0f}%"
 
 
 def main(argv=None) -> None:
@@ -228,59 +284,73 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=0,
                         help="requests per workload (other prompts) sent to each replica before measuring, not "
                              "counted: the drafting layer's shared history then holds the workload")
+    parser.add_argument("--workload", choices=("extraction", "classic"), default=None,
+                        help="extraction: fresh requests of six families written from seeded records, scored "
+                             "field by field (default with --model real); classic: order JSON and the fixed "
+                             "schema (default otherwise)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the run's seed (default: a new one, printed): every round and concurrency level "
+                             "draws requests no replica has seen")
     add_model_argument(parser)
     args = parser.parse_args(argv)
     model, model_args = resolve(args.model)
+    kind = args.workload or ("extraction" if args.model == "real" else "classic")
+    seed = args.seed if args.seed is not None else secrets.randbelow(1 << 20)
 
     sweep = [float(t) for t in args.sweep.split(",") if t]
     chosen = variants(args.length, sweep, [int(n) for n in args.lengths.split(",") if n])
     if args.only:
         chosen = [chosen[int(i) - 1] for i in args.only.split(",")]
     levels = [int(c) for c in str(args.concurrency).split(",") if c]
-    total = args.requests + args.warmup
-    every = {
-        "order JSON": (order_bodies(total, args.max_tokens, args.temperature, SERVED_NAME), ORDER_SCHEMA),
-        "fixed schema (JSONSchemaBench Glaiveai2K book_flight)":
-            (fixed_schema_bodies(total, args.max_tokens, args.temperature), FIXED_SCHEMA),
-    }
-    if args.top_p is not None:
-        for bodies, _ in every.values():
-            for body in bodies:
-                body["top_p"] = args.top_p
-    # The measured requests, and after them other prompts of the same workload for the warmup.
-    workloads = {w: (bodies[: args.requests], schema) for w, (bodies, schema) in every.items()}
-    warmups = {w: bodies[args.requests:] for w, (bodies, _) in every.items()}
+    names = workload_names(kind)
+    # Batch serials: 0 the warmup, then one per round, level and workload. Every replica gets a
+    # batch's requests once; no batch repeats another's.
+    serials = itertools.count(1)
+    batches: Dict[Tuple[int, int, str], Batch] = {}
+
+    def requests(r: int, level: int, workload: str) -> Batch:
+        if (r, level, workload) not in batches:
+            batches[(r, level, workload)] = batch(workload, args.requests, next(serials), seed, args.max_tokens,
+                                                  args.temperature, args.top_p)
+        return batches[(r, level, workload)]
 
     def warm(replica, name: str) -> None:
-        """`--warmup` requests per workload, not measured: the replica's recent outputs (the
-        drafting layer's shared history) hold this workload, as on a replica that has served it."""
-        for workload, bodies in warmups.items():
-            if bodies:
-                asyncio.run(run_load(replica.base_url, for_variant(name, bodies), 8))
+        """`--warmup` requests per workload (their own batch), not measured: the replica's recent
+        outputs (the drafting layer's shared history) hold this workload, as on a replica that has
+        served it."""
+        for workload in names:
+            if args.warmup:
+                warmup = batch(workload, args.warmup, 0, seed, args.max_tokens, args.temperature, args.top_p)
+                asyncio.run(run_load(replica.base_url, for_variant(name, warmup.bodies), 8))
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
-                                                              for w in workloads}
+                                                              for w in names}
 
-    def run_arm(number: int, name: str, replica, level: int, workload: str, tag: str = "") -> Dict[str, float]:
-        bodies, schema = workloads[workload]
-        figures = measure(replica.base_url, for_variant(name, bodies), schema, level)
+    def run_arm(number: int, name: str, replica, level: int, workload: str, r: int, tag: str = "") -> Dict[str, float]:
+        b = requests(r, level, workload)
+        figures = measure(replica.base_url, for_variant(name, b.bodies), b.schema, level, b.tasks)
         print(f"[{number}/{len(chosen)}{tag}] {name} / {workload} / c={level}: "
               f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
         return figures
 
+    # The order of the arms rotates with the seed (across runs) and with the round (within one).
+    first = seed % len(chosen)
     if args.rounds <= 1:
-        for number, (name, knobs) in enumerate(chosen, 1):
+        for i in list(range(first, len(chosen))) + list(range(first)):
+            number, (name, knobs) = i + 1, chosen[i]
             replica = start_replica(logs / f"variant-{number}.log",
                                     knobs + SAME_VLLM_ARGS + model_args + ["--dspark-warmup-requests", "2"], model=model)
             try:
                 replica.wait_ready(600)
                 warm(replica, name)
                 for level in levels:
-                    for workload in workloads:
+                    for workload in names:
                         results[f"{workload}, concurrency {level}"].append(
-                            (name, run_arm(number, name, replica, level, workload)))
+                            (name, run_arm(number, name, replica, level, workload, 0)))
             finally:
                 replica.stop()
+        for key, rows in results.items():  # printed in the variants' order, the first the baseline
+            results[key] = sorted(rows, key=lambda row: [n for n, _ in chosen].index(row[0]))
     else:
         # Every variant's replica up at once; each round runs every variant back to back (in
         # an order that rotates), so drift of the machine between rounds cancels in the ratios.
@@ -297,15 +367,16 @@ def main(argv=None) -> None:
             per_round: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
             for r in range(args.rounds):
                 for level in levels:
-                    for workload in workloads:
+                    for workload in names:
                         order = list(range(len(chosen)))
-                        order = order[r % len(order):] + order[:r % len(order)]
+                        shift = (first + r) % len(order)
+                        order = order[shift:] + order[:shift]
                         for i in order:
-                            figures = run_arm(i + 1, chosen[i][0], replicas[i], level, workload,
+                            figures = run_arm(i + 1, chosen[i][0], replicas[i], level, workload, r,
                                               f", round {r + 1}/{args.rounds}")
                             per_round.setdefault((workload, level, chosen[i][0]), []).append(figures)
             for level in levels:
-                for workload in workloads:
+                for workload in names:
                     base = per_round[(workload, level, chosen[0][0])]
                     results[f"{workload}, concurrency {level}"] = [
                         (name, combined(per_round[(workload, level, name)], base)) for name, _ in chosen]
@@ -316,6 +387,10 @@ def main(argv=None) -> None:
           f"temperature {args.temperature}, top_p {args.top_p or 'unset'}, speculative length {args.length}; model {model.name}; "
           f"{args.rounds} round(s); "
           "real vLLM 0.32 on this CPU")
+    print(f"requests: fresh (seed {seed}): every round and concurrency level draws requests of its own, each "
+          "sent once to each replica, so no replica is measured on a request it has seen (its suffix history, "
+          "verifier rows and prefix cache hold only earlier, other requests); arms in the order "
+          f"{', '.join(str((first + k) % len(chosen) + 1) for k in range(len(chosen)))} in the first round, rotating")
     for workload, rows in results.items():
         report(workload, rows)
 

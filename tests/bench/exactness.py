@@ -190,6 +190,11 @@ async def _collect(base_url: str, body: Dict[str, Any], samples: int, per_reques
     return choices[:samples]
 
 
+def collect(base_url: str, body: Dict[str, Any], samples: int, concurrency: int = 4) -> List[Dict[str, Any]]:
+    """`samples` choices of `body` (its `n` per request), withheld replies asked again as above."""
+    return asyncio.run(_collect(base_url, body, samples, int(body.get("n", 1)), concurrency))
+
+
 def sample_choices(base_url: str, model: str, sampling: Dict[str, Any], samples: int,
                    per_request: int = 8, concurrency: int = 4) -> List[str]:
     """`samples` replies to the choice request, as canonical JSON strings."""

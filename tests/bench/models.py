@@ -1,5 +1,5 @@
-"""`--model` for the benchmark scripts: the fixture (default), the expanded benchmark model, or any
-model directory, and the vLLM arguments it needs.
+"""`--model` for the benchmark scripts: the real model (SmolLM2-135M-Instruct), the fixture, the
+expanded benchmark model, or any model directory, and the vLLM arguments it needs.
 
 Why: every speed figure used to come from the fixture, whose steps cost framework overhead,
 not weights (docs/drafting.md, "The benchmark model"). `--model expanded` builds (or finds in
@@ -15,14 +15,15 @@ from typing import List, Tuple
 from gpustack_dspark.devstack.replica import TARGET_MODEL
 
 KV_TOKENS = 16384  # the KV cache sized in tokens, whatever the model's width and depth
-CHOICES = "fixture, expanded, or a model directory"
+CHOICES = "real, fixture, expanded, or a model directory"
 
 
-def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="fixture", metavar="MODEL",
-                        help="fixture (tiny-order-llama, default), expanded (the fixture expanded to hidden 768, "
-                             "12 layers, intermediate 2048: a ~100 M-parameter model's cost, built once and "
-                             "cached), or a model directory")
+def add_model_argument(parser: argparse.ArgumentParser, default: str = "fixture") -> None:
+    parser.add_argument("--model", default=default, metavar="MODEL",
+                        help=f"real (SmolLM2-135M-Instruct from PyPI, converted once and cached: "
+                             "devstack/real_model.py), fixture (tiny-order-llama), expanded (the fixture expanded "
+                             "to hidden 768, 12 layers, intermediate 2048: a ~100 M-parameter model's cost, "
+                             f"built once and cached), or a model directory (default {default})")
 
 
 def kv_cache_bytes(model: Path, tokens: int = KV_TOKENS) -> int:
@@ -38,6 +39,11 @@ def resolve(choice: str) -> Tuple[Path, List[str]]:
     """The model directory for `--model` and the vLLM arguments to add for it (its KV cache: the
     CPU layout's fixed 256 MiB holds 32 k tokens of the fixture but under 4 k of the expanded
     model, which would preempt requests at concurrency 8)."""
+    if choice == "real":
+        from gpustack_dspark.devstack.real_model import MAX_MODEL_LEN, real_model
+
+        path = real_model()
+        return path, ["--kv-cache-memory-bytes", str(kv_cache_bytes(path)), "--max-model-len", str(MAX_MODEL_LEN)]
     if choice == "fixture":
         path = TARGET_MODEL
     elif choice == "expanded":

@@ -195,5 +195,5 @@ def test_the_benchmarks_size_the_kv_cache_per_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(expand_config(json.loads((fixture / "config.json").read_text()),
                                                                    Expansion(768, 12, 2048))))
     assert kv_cache_bytes(tmp_path) == 2 * 12 * 768 * 4 * 16384
-    with pytest.raises(SystemExit, match="not fixture, expanded, or a model directory"):
+    with pytest.raises(SystemExit, match="not real, fixture, expanded, or a model directory"):
         resolve(str(tmp_path / "nothing"))
