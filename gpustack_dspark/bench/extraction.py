@@ -405,6 +405,20 @@ def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES) -> List[Tas
     return out
 
 
+class TaskStream:
+    """`tasks(seed, n)` for an n not known in advance (a run limited by time): the i-th task,
+    the list grown by doubling as needed (tasks' prefixes do not depend on n)."""
+
+    def __init__(self, seed: int, families: Sequence[str] = FAMILIES):
+        self.seed, self.families = seed, families
+        self._tasks: List[Task] = []
+
+    def __getitem__(self, i: int) -> Task:
+        if i >= len(self._tasks):
+            self._tasks = tasks(self.seed, max(2 * len(self._tasks), i + 1, 16), self.families)
+        return self._tasks[i]
+
+
 def body(task: Task, model: str, temperature: float = 0.0, top_p: Optional[float] = None,
          seed: Optional[int] = None) -> Dict[str, Any]:
     """The OpenAI chat-completions request for `task`, its JSON schema as the response format."""

@@ -20,6 +20,7 @@ ROWS = (
     ("ttft_p90_s", "TTFT P90 s", "{:.3f}"),
     ("ttft_p99_s", "TTFT P99 s", "{:.3f}"),
     ("format_error_rate", "format-error rate", "{:.3f}"),
+    ("field_accuracy", "fields right", "{:.3f}"),
     ("acceptance_rate", "acceptance rate", "{:.3f}"),
     ("tokens_per_forward", "tokens per forward", "{:.2f}"),
     ("requests", "requests", "{:d}"),

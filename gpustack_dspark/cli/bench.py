@@ -11,11 +11,12 @@ in `bench/` (runner.py, report.py); this module parses and checks the arguments.
 import argparse
 import asyncio
 import math
+import secrets
 import sys
 from typing import Any, Dict, List, Optional
 
 from gpustack_dspark import bounded
-from gpustack_dspark.bench import report, workloads
+from gpustack_dspark.bench import extraction, report, workloads
 from gpustack_dspark.bench.load import json_check
 from gpustack_dspark.bench.runner import BenchError, Settings, is_loopback, normalize_target, run_target
 from gpustack_dspark.cli.client import CLIError
@@ -41,6 +42,14 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--schema", metavar="FILE", help="JSON schema file for the replies "
                         "(default: the built-in order-JSON workload)")
+    parser.add_argument("--workload", choices=("order", "extraction"), default="order",
+                        help="order: the built-in order-JSON workload (default); extraction: requests of six "
+                             "families (orders, invoices, contacts, tickets, events, products) written from seeded "
+                             "records, each reply checked against its own schema and scored field by field "
+                             "(for a real model: SmolLM2-135M-Instruct in `make demo`)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="extraction: the requests' seed (default: a new one each run, printed), so no "
+                             "replica is measured on a request it has seen")
     parser.add_argument("--stream", action="store_true", help="stream replies (measures TTFT)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N", help="uncounted requests first (default 0)")
     parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per request (default 120)")
@@ -105,6 +114,12 @@ def targets_of(args: argparse.Namespace) -> List[str]:
 def settings_of(args: argparse.Namespace) -> Settings:
     for name in ("concurrency", "requests", "duration", "warmup", "max_tokens", "temperature", "timeout"):
         _check_range(name, getattr(args, name))
+    if args.workload == "extraction":
+        if args.schema:
+            raise CLIError("--schema and --workload extraction: give one (extraction brings its own schemas)")
+        return _extraction_settings(args)
+    if args.seed is not None:
+        raise CLIError("--seed is for --workload extraction (the order-JSON workload is not seeded)")
     schema = load_schema(args.schema) if args.schema else None
     validator = None
     try:
@@ -127,6 +142,35 @@ def settings_of(args: argparse.Namespace) -> Settings:
                     api_key=args.api_key, progress=progress)
 
 
+def _extraction_settings(args: argparse.Namespace) -> Settings:
+    if args.seed is None:
+        args.seed = secrets.randbelow(1 << 30)
+    measured, warmup = extraction.TaskStream(args.seed), extraction.TaskStream(args.seed + 1)
+    args.tasks = measured
+
+    def body(i, model):  # the warmup's indices are negative: tasks of their own
+        return extraction.body(measured[i] if i >= 0 else warmup[-1 - i], model, args.temperature)
+
+    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    return Settings(concurrency=args.concurrency, requests=requests, duration_s=args.duration, stream=args.stream,
+                    warmup=args.warmup, timeout_s=args.timeout, body=body, check=lambda content: True,
+                    api_key=args.api_key, progress=progress)
+
+
+def scored(run_figures: Dict[str, Any], run, tasks: "extraction.TaskStream") -> Dict[str, Any]:
+    """An extraction run's figures with each reply judged by its own task: format errors (invalid
+    replies not cut at max_tokens) and the share of fields right."""
+    scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in run.stats.ok]
+    summary = extraction.summarize(scores)
+    run.stats.format_errors = sum(1 for s in scores if s.finish != "length" and not s.valid)
+    ok = len(run.stats.ok)
+    return {**run_figures, "format_errors": run.stats.format_errors,
+            "format_error_rate": round(run.stats.format_errors / ok, 6) if ok else None,
+            "field_accuracy": round(summary.accuracy, 6) if summary.fields_total else None,
+            "fields_right": summary.fields_right, "fields_total": summary.fields_total}
+
+
 async def _run_all(targets: List[str], args, settings: Settings):
     runs = []
     for name, target in zip("AB" if len(targets) == 2 else " ", targets):
@@ -143,8 +187,14 @@ def run(args: argparse.Namespace) -> int:
     except BenchError as e:
         raise CLIError(str(e)) from None
     figures = [report.figures(r) for r in runs]
+    if args.workload == "extraction":
+        figures = [scored(f, r, args.tasks) for f, r in zip(figures, runs)]
+        workload = (f"extraction (six families, seed {args.seed}: requests no replica has seen unless that "
+                    "seed was run before)")
+    else:
+        workload = f"schema {args.schema}" if args.schema else "built-in order-JSON workload"
     described = {
-        "workload": f"schema {args.schema}" if args.schema else "built-in order-JSON workload",
+        "workload": workload,
         "concurrency": args.concurrency, "max_tokens": args.max_tokens, "temperature": args.temperature,
         "stream": args.stream, "warmup": args.warmup,
         "limit": f"{args.duration:g} s" if args.duration else f"{settings.requests} requests",

@@ -1,6 +1,6 @@
 """Benchmark: does speculation sample the model's own distribution under the grammar?
 
-    .venv/bin/python -m tests.bench.exactness [--samples 1000] [--settings t1,t07p09]
+    .venv/bin/python -m tests.bench.exactness [--samples 1000] [--settings t1,t07p09] [--model real]
 
 Speculative decoding is exact only if every verified draft position is judged against the
 target's grammar-masked, temperature-scaled distribution, a one-hot draft is accepted with the
@@ -52,6 +52,17 @@ STRING_SCHEMA = {
     "additionalProperties": False,
 }
 STRING_POSITIONS = 4
+# The real model's finite reply space (`--model real`): a support ticket's enums and boolean
+# (4 x 4 x 2 = 32 replies), asked about a ticket that leaves them open.
+TICKET_SCHEMA = {
+    "type": "object",
+    "properties": {"priority": {"enum": ["low", "medium", "high", "urgent"]},
+                   "category": {"enum": ["billing", "technical", "account", "shipping"]},
+                   "refund_requested": {"type": "boolean"}},
+    "required": ["priority", "category", "refund_requested"],
+    "additionalProperties": False,
+}
+TICKET_REPLIES = 32
 # Temperature settings: name -> sampling parameters.
 SETTINGS = {"t1": {"temperature": 1.0}, "t07p09": {"temperature": 0.7, "top_p": 0.9}}
 
@@ -140,6 +151,14 @@ def choice_body(model: str, sampling: Dict[str, Any], n: int) -> Dict[str, Any]:
             "response_format": {"type": "json_schema", "json_schema": {"name": "choice", "schema": CHOICE_SCHEMA}}}
 
 
+def ticket_body(model: str, sampling: Dict[str, Any], n: int) -> Dict[str, Any]:
+    return {"model": model, "n": n, "max_tokens": 48, **sampling,
+            "messages": [{"role": "system", "content": "You triage support tickets. Reply with JSON."},
+                         {"role": "user", "content": "Ticket: my order arrived late and the box was open. "
+                                                     "Give its priority, category and whether a refund is requested."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "ticket", "schema": TICKET_SCHEMA}}}
+
+
 def string_body(model: str, sampling: Dict[str, Any], n: int) -> Dict[str, Any]:
     prompt = ("Create an order record for user 1234: buy 12.50. Only the timestamp. "
               f"Schema: {json.dumps(STRING_SCHEMA, separators=(',', ':'))}")
@@ -196,9 +215,9 @@ def collect(base_url: str, body: Dict[str, Any], samples: int, concurrency: int 
 
 
 def sample_choices(base_url: str, model: str, sampling: Dict[str, Any], samples: int,
-                   per_request: int = 8, concurrency: int = 4) -> List[str]:
-    """`samples` replies to the choice request, as canonical JSON strings."""
-    body = choice_body(model, sampling, per_request)
+                   per_request: int = 8, concurrency: int = 4, body_of=choice_body) -> List[str]:
+    """`samples` replies to the choice request (or `body_of`'s), as canonical JSON strings."""
+    body = body_of(model, sampling, per_request)
     choices = asyncio.run(_collect(base_url, body, samples, per_request, concurrency))
     return [canonical_reply(c["message"]["content"]) for c in choices]
 
@@ -251,6 +270,7 @@ def variants() -> List[Tuple[str, List[str], Dict[str, str]]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from tests.bench.models import add_model_argument, resolve
     from tests.bench.order_json import SAME_VLLM_ARGS
     from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
 
@@ -259,7 +279,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--settings", default="t1,t07p09", help=f"comma-separated of {', '.join(SETTINGS)}")
     parser.add_argument("--only", default="", help="comma-separated variant numbers (1-based; 1 always runs)")
     parser.add_argument("--no-string", action="store_true", help="skip the per-position string workload")
+    add_model_argument(parser)
     args = parser.parse_args(argv)
+    model, model_args = resolve(args.model)
+    # The fixture answers the order choice; the real model a ticket's (32 replies), no string workload.
+    body_of, space = (ticket_body, TICKET_REPLIES) if args.model == "real" else (choice_body, CHOICE_REPLIES)
+    if args.model == "real":
+        args.no_string = True
     settings = [s for s in args.settings.split(",") if s]
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
@@ -274,16 +300,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     replies: Dict[Tuple[str, str], List[str]] = {}
     strings: Dict[Tuple[str, str], List[List[int]]] = {}
     for number, (name, knobs, env) in enumerate(chosen, 1):
-        replica = start_replica(logs / f"variant-{number}.log", knobs + SAME_VLLM_ARGS, env=env)
+        replica = start_replica(logs / f"variant-{number}.log", knobs + SAME_VLLM_ARGS + model_args, env=env,
+                                model=model)
         try:
             replica.wait_ready(900)
             for setting in settings:
                 sampling = SETTINGS[setting]
                 print(f"[{number}/{len(chosen)}] {name}, {setting}: sampling {args.samples}", flush=True)
-                replies[(name, setting)] = sample_choices(replica.base_url, SERVED_NAME, sampling, args.samples)
+                replies[(name, setting)] = sample_choices(replica.base_url, SERVED_NAME, sampling, args.samples,
+                                                          body_of=body_of)
                 if number == 1:  # the noise floor: the same replica, sampled again
                     replies[("no speculation, again", setting)] = sample_choices(
-                        replica.base_url, SERVED_NAME, sampling, args.samples)
+                        replica.base_url, SERVED_NAME, sampling, args.samples, body_of=body_of)
                 if number > 1 or (name + ", again", setting) in replies:  # as soon as it is known
                     shown = name + ", again" if number == 1 else name
                     c = two_sample(replies[(reference_name, setting)], replies[(shown, setting)])
@@ -296,7 +324,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     names = [reference_name + ", again"] + [name for name, _, _ in chosen[1:]]
     for setting in settings:
-        print(f"\nchoice schema ({CHOICE_REPLIES} replies), {setting} {SETTINGS[setting]}, vs {reference_name}")
+        print(f"\nchoice schema ({space} replies; model {model.name}), {setting} {SETTINGS[setting]}, "
+              f"vs {reference_name}")
         print(f"{'variant':50}{'chi2':>9}{'p':>9}{'TV':>7}{'TV 95% CI':>16}  most frequent (ref/variant)")
         ref = replies[(reference_name, setting)]
         for name in names:

