@@ -51,6 +51,20 @@ def test_compare_json_figures_and_format_errors(replicas):
     assert good.stats.served >= 14  # warmup requests too
 
 
+def test_extraction_requests_are_scored_against_their_own_records(replicas):
+    """--workload extraction: each reply judged by its own task's schema and record. The stand-in
+    answers every request with an order record: invalid under each family's schema, no field right."""
+    good, _ = replicas
+    result = bench("--server", f"http://127.0.0.1:{good.port}", "--workload", "extraction", "--seed", "7",
+                   "--requests", "6", "--concurrency", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    figures, = out["targets"]
+    assert out["settings"]["workload"].startswith("extraction (six families, seed 7")
+    assert figures["requests"] == 6 and figures["format_errors"] == 6 and figures["field_accuracy"] == 0
+    assert figures["fields_total"] > 30 and figures["fields_right"] == 0
+
+
 def test_duration_mode_and_csv(replicas):
     good, _ = replicas
     result = bench("--server", f"http://127.0.0.1:{good.port}", "--duration", "1", "--concurrency", "2", "--csv")

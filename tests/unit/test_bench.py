@@ -81,11 +81,19 @@ def test_workload_bodies_ask_for_the_schema():
     (["--compare", "http://127.0.0.1:1", "http://127.0.0.1:2", "--metrics-url", "http://x/metrics"],
      "--metrics-url applies to one target"),
     (["--server", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+    (["--workload", "extraction", "--schema", "s.json"], "--schema and --workload extraction: give one"),
+    (["--seed", "3"], "--seed is for --workload extraction"),
+    (["--workload", "invoices"], None),
 ])
 def test_bad_arguments_give_one_line_errors(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("GPUSTACK_SERVER_URL", raising=False)
     if "--server" not in argv and "--compare" not in argv:
         argv = argv + ["--server", "http://127.0.0.1:1"]
+    if message is None:  # argparse's own refusal names the allowed choices
+        with pytest.raises(SystemExit):
+            main(["bench", *argv])
+        assert "invalid choice: 'invoices' (choose from 'order', 'extraction')" in capsys.readouterr().err
+        return
     assert main(["bench", *argv]) == 1
     err = capsys.readouterr().err
     assert err.startswith("gpustack-dspark bench: error: ") and message in err and err.count("\n") == 1, err
