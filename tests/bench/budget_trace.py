@@ -6,7 +6,10 @@ The trace is fixed before tuning (seeded): low -> high -> low load phases, Poiss
 70 % order-JSON requests (high acceptance) and 30 % free-text requests (no grammar: low
 acceptance, vLLM's n-gram drafts), greedy. Each variant is one real `dspark-serve` replica
 (fixture model, CPU layout, `--max-num-seqs 8` so the high phase has a waiting queue) that
-replays the trace `--runs` times after its warmup. Printed per variant: goodput (valid output
+replays the trace `--runs` times after its warmup, each run with new contents (the same
+arrivals; run r's requests numbered from r x 100,000, or extraction tasks of a seed of their own
+with `--model real`), so no replica is measured on a request it has seen; a failed request
+counts as not valid. Printed per variant: goodput (valid output
 tokens per second, by arrival phase, and overall per second in which some request was waiting
 or being served; the trace's arrivals are fixed, so tokens per wall second would restate the
 offered load wherever the replica keeps up), P50/P99 latency and TTFT P50 per phase (a
@@ -30,6 +33,7 @@ from typing import Any, Dict, List
 
 import httpx
 
+from gpustack_dspark.bench import extraction
 from gpustack_dspark.bench.load import json_check, percentile
 from gpustack_dspark.bench.workloads import order_body
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
@@ -56,16 +60,40 @@ def trace(seed: int, phases=PHASES) -> List[Dict[str, Any]]:
     return out
 
 
-def body(item: Dict[str, Any]) -> Dict[str, Any]:
-    if item["kind"] == "json":
-        return order_body(item["index"], MAX_TOKENS, 0.0, SERVED_NAME)
-    return {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "response_format": {"type": "text"},
-            "messages": [{"role": "user", "content": f"Tell a short story number {item['index']} about a harbour."}]}
+# Each run's requests are new (same arrivals, other contents), so no replica is measured on a
+# request it has seen: run r's requests are numbered from r * FRESH.
+FRESH = 100_000
 
 
-async def replay(base_url: str, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    check = json_check(None)
+class Contents:
+    """What each arrival of run `run` asks: order JSON (or, with `extraction`, a fresh extraction
+    task of seed (seed, run)) or a free-text request; every run's differ from every other's."""
+
+    def __init__(self, seed: int, run: int, extraction_tasks: bool):
+        self.run = run
+        self.tasks = extraction.TaskStream(seed * 1000 + run) if extraction_tasks else None
+
+    def body(self, item: Dict[str, Any]) -> Dict[str, Any]:
+        number = self.run * FRESH + item["index"]
+        if item["kind"] == "json" and self.tasks is not None:
+            return extraction.body(self.tasks[item["index"]], SERVED_NAME)
+        if item["kind"] == "json":
+            return order_body(number, MAX_TOKENS, 0.0, SERVED_NAME)
+        return {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                "response_format": {"type": "text"},
+                "messages": [{"role": "user", "content": f"Tell a short story number {number} about a harbour."}]}
+
+    def valid(self, item: Dict[str, Any], text: str, finish: str) -> bool:
+        """A JSON reply valid (under its own schema for extraction; cut by max_tokens counts as
+        not valid: no client can use it), a free-text reply non-empty."""
+        if item["kind"] == "text":
+            return bool(text)
+        if self.tasks is not None:
+            return extraction.score(self.tasks[item["index"]], text, finish).valid
+        return json_check(None)(text)
+
+
+async def replay(base_url: str, items: List[Dict[str, Any]], contents: Contents) -> List[Dict[str, Any]]:
     results: List[Dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
@@ -74,22 +102,31 @@ async def replay(base_url: str, items: List[Dict[str, Any]]) -> List[Dict[str, A
             await asyncio.sleep(max(0.0, item["at"] - (time.perf_counter() - start)))
             sent = time.perf_counter()
             first = None
-            text, tokens = [], 0
-            payload = {**body(item), "stream": True, "stream_options": {"include_usage": True}}
-            async with client.stream("POST", f"{base_url}/v1/chat/completions", json=payload) as r:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    if event.get("usage"):
-                        tokens = int(event["usage"].get("completion_tokens") or 0)
-                    for choice in event.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            first = first or time.perf_counter()
-                            text.append(piece)
+            text, tokens, finish, failed = [], 0, "", False
+            payload = {**contents.body(item), "stream": True, "stream_options": {"include_usage": True}}
+            try:
+                async with client.stream("POST", f"{base_url}/v1/chat/completions", json=payload) as r:
+                    failed = r.status_code != 200
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if event.get("error"):
+                            failed = True
+                        if event.get("usage"):
+                            tokens = int(event["usage"].get("completion_tokens") or 0)
+                        for choice in event.get("choices") or []:
+                            piece = (choice.get("delta") or {}).get("content")
+                            finish = choice.get("finish_reason") or finish
+                            if piece:
+                                first = first or time.perf_counter()
+                                text.append(piece)
+            except httpx.HTTPError:
+                failed = True
             done = time.perf_counter()
-            valid = item["kind"] == "text" or check("".join(text))
+            # A failed request (an error status, an error event, a broken connection) is
+            # counted as not valid, whatever its kind.
+            valid = not failed and contents.valid(item, "".join(text), finish)
             results.append({**item, "latency": done - sent, "ttft": (first or done) - sent, "tokens": tokens,
                             "valid": valid, "done": done - start})
 
@@ -155,7 +192,8 @@ def profile(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, Any]:
     return {"tokens_per_forward": delta.tokens_per_forward(), "step_profile": delta.step_profile()}
 
 
-def run_variant(variant: str, runs: int, items, logs: Path, model: Path, model_args: List[str]) -> Dict[str, Any]:
+def run_variant(variant: str, runs: int, items, logs: Path, model: Path, model_args: List[str], seed: int,
+                extraction_tasks: bool) -> Dict[str, Any]:
     replica = start_replica(logs / f"{variant}.log", variant_args(variant) + SAME_VLLM_ARGS + model_args
                             + ["--max-num-seqs", "8", "--dspark-warmup-requests", "4"], model=model)
     results: List[Dict[str, Any]] = []
@@ -164,7 +202,7 @@ def run_variant(variant: str, runs: int, items, logs: Path, model: Path, model_a
         time.sleep(1.0)
         before = counters(replica)
         for run in range(runs):
-            result = figures(asyncio.run(replay(replica.base_url, items)))
+            result = figures(asyncio.run(replay(replica.base_url, items, Contents(seed, run, extraction_tasks))))
             results.append(result)
             print(f"run {run} {variant}: {json.dumps(result)}", flush=True)
         time.sleep(1.5)  # the engine writes its counters at most every 0.5 s
@@ -192,14 +230,21 @@ def main() -> None:
     parser.add_argument("--high-rate", type=float, default=PHASES[1][1],
                         help=f"requests/s of the high phase (default {PHASES[1][1]:g}; raise it to saturate "
                              "a faster machine)")
+    parser.add_argument("--workload", choices=("extraction", "order"), default=None,
+                        help="the JSON requests: extraction tasks of six families (default with --model real) or "
+                             "order JSON (default otherwise); each run's contents are new either way")
     add_model_argument(parser)
     args = parser.parse_args()
     model, model_args = resolve(args.model)
+    extraction_tasks = (args.workload or ("extraction" if args.model == "real" else "order")) == "extraction"
     phases = (PHASES[0], (PHASES[1][0], args.high_rate, PHASES[1][2]), PHASES[2])
     items = trace(args.seed, phases)
     print(f"trace: {len(items)} requests, phases {phases}, text share {TEXT_SHARE}, seed {args.seed}, "
-          f"model {model.name}", flush=True)
-    table = {v: run_variant(v, args.runs, items, Path(args.logs), model, model_args) for v in args.variants.split(",")}
+          f"model {model.name}, JSON requests {'extraction' if extraction_tasks else 'order JSON'}; every run "
+          "of a variant's replica sends requests it has not seen (same arrivals, new contents; each variant "
+          "its own replica, the runs' contents alike across variants)", flush=True)
+    table = {v: run_variant(v, args.runs, items, Path(args.logs), model, model_args, args.seed, extraction_tasks)
+             for v in args.variants.split(",")}
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
     fixed = {v: mean(r["overall"] for r in t["runs"]) for v, t in table.items() if v not in ("none", "auto")}

@@ -132,6 +132,24 @@ def test_the_budget_trace_is_fixed_by_its_seed_and_counts_busy_time_once():
     assert budget_trace.busy_seconds(results) == 3.0 and budget_trace.busy_seconds([]) == 0.0
 
 
+@pytest.mark.parametrize("extraction_tasks", [False, True])
+def test_each_budget_trace_run_asks_what_no_earlier_run_asked(extraction_tasks):
+    from tests.bench import budget_trace
+
+    items = budget_trace.trace(15)
+    runs = [budget_trace.Contents(15, run, extraction_tasks) for run in range(3)]
+    asked = [json.dumps(c.body(item)["messages"]) for c in runs for item in items]
+    assert len(set(asked)) == len(asked) == 3 * len(items)
+    json_item = next(i for i in items if i["kind"] == "json")
+    text_item = next(i for i in items if i["kind"] == "text")
+    first = runs[0]
+    assert not first.valid(text_item, "", "stop") and first.valid(text_item, "Once upon a time", "stop")
+    assert not first.valid(json_item, '{"a": ', "length")
+    if extraction_tasks:  # judged by the task's own schema
+        truth = first.tasks[json_item["index"]].truth
+        assert first.valid(json_item, json.dumps(truth), "stop") and not first.valid(json_item, '{"a": 1}', "stop")
+
+
 def test_a_reply_cut_at_max_tokens_is_counted_as_cut_not_as_a_format_error():
     results = [Result(0.1, 200, 5, '{"a": 1}', finish_reason="stop"),
                Result(0.1, 200, 8, '{"a": "unfinis', finish_reason="length"),
