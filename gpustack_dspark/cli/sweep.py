@@ -176,10 +176,19 @@ def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
     rows: List[sweep.Row] = []
     settings = checked["settings"]
 
+    def fresh(cell: int):
+        """The requests of the sweep's `cell`-th cell: numbered past every earlier cell's (warmup
+        included), so a replica serving several cells is never measured on a request it has seen."""
+        offset = cell * (args.requests + args.warmup)
+
+        def numbered(i, model):
+            return body(offset + (i if i >= 0 else args.requests - 1 - i), model)
+        return numbered
+
     def measure(setting: sweep.Setting, base_url: str, served: Optional[str]) -> None:
         for level in checked["levels"]:
             bench = Settings(concurrency=level, requests=args.requests, duration_s=None, stream=True,
-                             warmup=args.warmup, timeout_s=args.timeout, body=body, check=check,
+                             warmup=args.warmup, timeout_s=args.timeout, body=fresh(len(rows)), check=check,
                              progress=progress)
             try:
                 target_run = ctrl_c.run(run_target, base_url, served, bench, None,
