@@ -46,10 +46,10 @@ BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemaben
 # Fresh requests: a new seed every run (printed, so a failure can be replayed).
 SEED = int(os.environ.get("DSPARK_TEST_SEED") or secrets.randbelow(1 << 30))
 GREEDY_TASKS = len(extraction.FAMILIES)  # one of each family
-EXACTNESS_SAMPLES = 240
+EXACTNESS_SAMPLES = 200
 # The wrong verifier moves the distribution far (TV 0.66 at n = 240 when this was written): fewer
 # samples reject it.
-WRONG_SAMPLES = 120
+WRONG_SAMPLES = 80
 # As in test_drafting_layer.py: a rejection is confirmed on fresh samples before the test fails.
 EXACTNESS_ALPHA = 0.001
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def _bench_schemas() -> List[tuple]:
         if not files:
             pytest.fail(f"no JSONSchemaBench schemas in {BENCH / folder} (../shared/data beside the checkout)")
         small = [p for p in files if len(p.read_text()) <= SCHEMA_CHARS]
-        picks += [(f"{folder}/{path.stem}", json.loads(path.read_text())) for path in small[:3]]
+        picks += [(f"{folder}/{path.stem}", json.loads(path.read_text())) for path in small[:2]]
     return picks
 
 
@@ -224,7 +224,7 @@ def test_real_world_schemas_through_the_sdk_are_answered_valid(client):
     print(json.dumps(outcomes, indent=1))
     # Every finished reply validated above; a 135 M model runs some of these to max_tokens (an
     # array it keeps filling): cut replies are the client's limit, not invalid ones.
-    assert len(outcomes) == 6 and sum(1 for v in outcomes.values() if v == "stop") >= 3, outcomes
+    assert len(outcomes) == 4 and sum(1 for v in outcomes.values() if v == "stop") >= 2, outcomes
 
 
 # ---- exactness at temperature 1 -----------------------------------------------------------------
