@@ -33,16 +33,16 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 import safetensors.numpy
+
+from gpustack_dspark.devstack.model_cache import build_once, cache_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = REPO_ROOT / "fixtures" / "models" / "tiny-order-llama"
@@ -180,11 +180,6 @@ def write_safetensors(path: Path, tensors: Tensors) -> None:
                                 metadata={"format": "pt"})
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpustack-dspark" / "models"
-
-
 def cache_key(source: Path, size: Expansion) -> str:
     digest = hashlib.sha256(json.dumps({**asdict(size), "version": VERSION}).encode())
     for name in ("config.json", "model.safetensors"):
@@ -215,20 +210,7 @@ def expanded(size: Expansion = Expansion(*DEFAULT_SIZE), source: Path = FIXTURE,
     build is never found)."""
     root = root or cache_root()
     dest = root / f"{source.name}-{size.label}-{cache_key(source, size)}"
-    if (dest / "config.json").exists():
-        return dest
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=root))
-    try:
-        build(source, size, scratch / "model")
-        try:
-            (scratch / "model").rename(dest)
-        except OSError:  # built meanwhile by another process: theirs is as good
-            if not (dest / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return dest
+    return build_once(dest, lambda scratch: build(source, size, scratch), lambda path: (path / "config.json").exists())
 
 
 def main(argv=None) -> int:

