@@ -7,8 +7,8 @@ one. Each `Task` here is written from a record (`truth`) drawn from plain word l
 so a fresh seed gives requests no replica has seen, and a reply can be scored against the
 record leaf by leaf. The tasks are kept simple for a small instruct model (SmolLM2-135M): a
 short paragraph that states every value literally (numbers and dates exactly as the record
-writes them), one worked example from a different seed in the system message, and a schema
-with bounded strings and arrays so a weak model cannot loop.
+writes them), one worked example from a different seed as a user/assistant turn before it, and
+a schema with bounded strings and arrays so a weak model cannot loop.
 
 Contract:
 - `task(family, seed)` is a function of its arguments: the same seed gives the same task, in
@@ -20,7 +20,8 @@ Contract:
 - `score` compares leaves (strings case- and whitespace-insensitively, numbers numerically,
   booleans and enum values exactly, arrays by position, objects by key); `summarize` adds the
   scores up with a Wilson interval over fields (fields of one reply are not independent, so the
-  interval is narrower than it should be: read it as a guide).
+  interval is narrower than it should be: read it as a guide); `score_results` scores a run's
+  answered results (`load.Result`, whose `index` names the task).
 - No I/O: callers send the bodies (`load.run_load`) and pass back `Result.content` and
   `Result.finish_reason`. jsonschema (the `bench` extra) is imported by `score` only.
 """
@@ -375,8 +376,8 @@ def task(family: str, seed: int) -> Task:
         example, example_text = _written(family, _derive("example", seed, attempt))
         if example_text != text and example != truth:
             break
-    # The example as a turn of the conversation (a small model copies it from there better than
-    # from the system message: 66 % against 60 % of the fields on SmolLM2-135M, one probe of 12).
+    # The example as a turn of the conversation: a small model copies it from there better than
+    # from the system message (docs/drafting.md, "The real model").
     system = f"Extract the {family} from the user's text as JSON. Use only values stated in the text."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": example_text},
                 {"role": "assistant", "content": _compact(example)}, {"role": "user", "content": text}]
@@ -543,6 +544,12 @@ def score(task: Task, content: str, finish_reason: str) -> Score:
     return Score(task.family, valid, finish, right, total, tuple(wrong))
 
 
+def score_results(tasks: Any, results: Sequence[Any]) -> List[Score]:
+    """Each answered result (`content`, `finish_reason`, `index`) scored against `tasks[index]`
+    (a list of tasks or a `TaskStream`)."""
+    return [score(tasks[r.index], r.content, r.finish_reason) for r in results]
+
+
 @dataclass(frozen=True)
 class Summary:
     requests: int  # scored replies and failed requests
@@ -550,6 +557,7 @@ class Summary:
     finished_stop: int
     finished_length: int
     failed: int  # no reply: `failed` as passed, and scores whose finish is "error"
+    format_errors: int  # replies not valid under their schema, not counting those cut at max_tokens
     fields_right: int
     fields_total: int  # over the scores (a request passed only as `failed` has no fields)
     accuracy: float  # fields_right / fields_total; NaN without fields
@@ -583,6 +591,7 @@ def summarize(scores: Sequence[Score], failed: int = 0) -> Summary:
         finished_stop=sum(1 for s in scores if s.finish == "stop"),
         finished_length=sum(1 for s in scores if s.finish == "length"),
         failed=failed + sum(1 for s in scores if s.finish == "error"),
+        format_errors=sum(1 for s in scores if s.finish != "length" and not s.valid),
         fields_right=right, fields_total=total, accuracy=right / total if total else math.nan,
         accuracy_ci95=wilson(right, total), per_family=per_family)
 

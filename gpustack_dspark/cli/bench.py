@@ -117,9 +117,20 @@ def settings_of(args: argparse.Namespace) -> Settings:
     if args.workload == "extraction":
         if args.schema:
             raise CLIError("--schema and --workload extraction: give one (extraction brings its own schemas)")
-        return _extraction_settings(args)
-    if args.seed is not None:
-        raise CLIError("--seed is for --workload extraction (the order-JSON workload is not seeded)")
+        body, check = _extraction_workload(args)
+    else:
+        if args.seed is not None:
+            raise CLIError("--seed is for --workload extraction (the order-JSON workload is not seeded)")
+        body, check = _schema_workload(args)
+    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    return Settings(concurrency=args.concurrency, requests=requests, duration_s=args.duration, stream=args.stream,
+                    warmup=args.warmup, timeout_s=args.timeout, body=body, check=check,
+                    api_key=args.api_key, progress=progress)
+
+
+def _schema_workload(args: argparse.Namespace):
+    """The order-JSON workload, or `--schema`'s: bodies and the format check of one schema."""
     schema = load_schema(args.schema) if args.schema else None
     validator = None
     try:
@@ -135,14 +146,12 @@ def settings_of(args: argparse.Namespace) -> Settings:
     else:
         def body(i, model):
             return workloads.schema_body(i, schema, args.max_tokens, args.temperature, model)
-    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
-    progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    return Settings(concurrency=args.concurrency, requests=requests, duration_s=args.duration, stream=args.stream,
-                    warmup=args.warmup, timeout_s=args.timeout, body=body, check=json_check(validator),
-                    api_key=args.api_key, progress=progress)
+    return body, json_check(validator)
 
 
-def _extraction_settings(args: argparse.Namespace) -> Settings:
+def _extraction_workload(args: argparse.Namespace):
+    """Extraction tasks of `--seed` (a new one when not given; kept in `args` for the report, the
+    tasks in `args.tasks` for scoring): replies are judged after the run, each by its own task."""
     if args.seed is None:
         args.seed = secrets.randbelow(1 << 30)
     measured, warmup = extraction.TaskStream(args.seed), extraction.TaskStream(args.seed + 1)
@@ -151,19 +160,14 @@ def _extraction_settings(args: argparse.Namespace) -> Settings:
     def body(i, model):  # the warmup's indices are negative: tasks of their own
         return extraction.body(measured[i] if i >= 0 else warmup[-1 - i], model, args.temperature)
 
-    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
-    progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    return Settings(concurrency=args.concurrency, requests=requests, duration_s=args.duration, stream=args.stream,
-                    warmup=args.warmup, timeout_s=args.timeout, body=body, check=lambda content: True,
-                    api_key=args.api_key, progress=progress)
+    return body, lambda content: True
 
 
 def scored(run_figures: Dict[str, Any], run, tasks: "extraction.TaskStream") -> Dict[str, Any]:
     """An extraction run's figures with each reply judged by its own task: format errors (invalid
     replies not cut at max_tokens) and the share of fields right."""
-    scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in run.stats.ok]
-    summary = extraction.summarize(scores)
-    run.stats.format_errors = sum(1 for s in scores if s.finish != "length" and not s.valid)
+    summary = extraction.summarize(extraction.score_results(tasks, run.stats.ok))
+    run.stats.format_errors = summary.format_errors
     ok = len(run.stats.ok)
     return {**run_figures, "format_errors": run.stats.format_errors,
             "format_error_rate": round(run.stats.format_errors / ok, 6) if ok else None,

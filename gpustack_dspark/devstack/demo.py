@@ -170,9 +170,9 @@ def extraction_benchmark(stack: ContainerStack, model: str, requests: int = EXTR
                         check=lambda content: True, api_key=stack.api.api_key)
     metrics = [f"{replica_url(inst)}/metrics" for inst in stack.instances()]
     run = asyncio.run(run_target(stack.server.url, model, settings, metrics))
-    scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in run.stats.ok]
-    run.stats.format_errors = sum(1 for s in scores if s.finish != "length" and not s.valid)
-    summary = extraction.summarize(scores, failed=len(run.stats.results) - len(run.stats.ok))
+    summary = extraction.summarize(extraction.score_results(tasks, run.stats.ok),
+                                   failed=len(run.stats.results) - len(run.stats.ok))
+    run.stats.format_errors = summary.format_errors
     return {**bench_summary(report.figures(run)), "concurrency": concurrency, "workload": "extraction",
             "seed": seed, "finished": {"stop": summary.finished_stop, "length": summary.finished_length},
             "fields_right": f"{summary.fields_right}/{summary.fields_total}"}

@@ -185,9 +185,8 @@ def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurren
     stats = asyncio.run(run_load(base_url, bodies, concurrency, check=check))
     fields = {}
     if tasks is not None:  # each reply judged by its own schema and scored against its record
-        scores = [extraction.score(tasks[r.index], r.content, r.finish_reason) for r in stats.ok]
-        stats.format_errors = sum(1 for x in scores if x.finish != "length" and not x.valid)
-        summary = extraction.summarize(scores)
+        summary = extraction.summarize(extraction.score_results(tasks, stats.ok))
+        stats.format_errors = summary.format_errors
         fields = {"fields_right": summary.fields_right, "fields_total": summary.fields_total,
                   "stopped": summary.finished_stop}
     text_after, layer_after = metric_text(), layer_counts()

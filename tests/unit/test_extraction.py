@@ -296,6 +296,21 @@ def test_summarize_counts_and_the_wilson_interval():
                                  "fields right 14/20 (70.0%, 95% CI 48.1-85.5%)")
 
 
+def test_format_errors_are_invalid_replies_not_cut_at_max_tokens_and_results_are_scored_by_their_index():
+    scores = [x.Score("order", False, "stop", 0, 4, ()), x.Score("order", False, "length", 0, 4, ()),
+              x.Score("order", True, "stop", 4, 4, ())]
+    assert x.summarize(scores).format_errors == 1
+
+    class Result:  # what load.Result carries
+        def __init__(self, index, content, finish_reason):
+            self.index, self.content, self.finish_reason = index, content, finish_reason
+
+    tasks = x.tasks(3, 2)
+    scored = x.score_results(tasks, [Result(1, json.dumps(tasks[1].truth), "stop"), Result(0, "{", "length")])
+    assert [(s.family, s.valid, s.right == s.total, s.finish) for s in scored] == [
+        (tasks[1].family, True, True, "stop"), (tasks[0].family, False, False, "length")]
+
+
 def test_summary_line_of_the_worked_case_and_of_nothing():
     scores = [x.Score("order", True, "stop", 3, 3, ())] * 20 + [x.Score("event", True, "stop", 2, 3, ("date",))] * 4
     scores[0] = x.Score("order", True, "length", 3, 3, ())
