@@ -3,6 +3,8 @@
 Everything listens on 127.0.0.1 only (see gpustack_dspark/devstack/loopback).
 """
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -11,10 +13,31 @@ import pytest
 
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.postgres import Postgres, start_postgres
+from gpustack_dspark.devstack.processes import LOOPBACK_DIR
+from gpustack_dspark.devstack.replica import Replica
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
 
 SUPPORT_DIR = Path(__file__).parent / "support"
+# The exactness tests' deliberately wrong verifier: a replica started with this environment
+# verifies draft positions greedily, every run (tests/support/dspark_test_faults.py; vLLM's own
+# CPU fault was the same, but by chance).
+WRONG_VERIFIER_ENV = {"PYTHONPATH": os.pathsep.join([str(LOOPBACK_DIR), str(SUPPORT_DIR)]),
+                      "DSPARK_SITECUSTOMIZE_EXTRA": "dspark_test_faults",
+                      "DSPARK_TEST_FAULT": "greedy-draft-verification"}
+
+
+@contextmanager
+def all_ready(started: Dict[str, Replica], timeout_s: float) -> Iterator[Dict[str, Replica]]:
+    """`started` (replicas loading side by side) once every one is ready; all stopped on the way
+    out, ready or not."""
+    try:
+        for replica in started.values():
+            replica.wait_ready(timeout_s)
+        yield started
+    finally:
+        for replica in started.values():
+            replica.stop()
 
 
 @pytest.fixture(scope="session")

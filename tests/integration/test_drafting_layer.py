@@ -17,7 +17,6 @@ value, so the unfixed build was once not told apart, p = 0.036.)
 """
 
 import json
-import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +26,9 @@ import httpx
 import pytest
 
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
-from gpustack_dspark.devstack.processes import LOOPBACK_DIR
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
 from tests.bench import exactness
-from tests.conftest import SUPPORT_DIR
+from tests.conftest import WRONG_VERIFIER_ENV, all_ready
 from tests.bench.order_json import SAME_VLLM_ARGS
 
 pytestmark = pytest.mark.integration
@@ -74,21 +72,11 @@ def replicas(tmp_path_factory):
         "budget": BUDGET_ARGS + SAME_VLLM_ARGS,
         "unfixed": LAYER_ARGS + SAME_VLLM_ARGS,
     }
-    # The wrong variant of the exactness test: draft positions verified greedily, every run
-    # (tests/support/dspark_test_faults.py; vLLM's own CPU fault was the same, but by chance).
-    env = {"unfixed": {"PYTHONPATH": os.pathsep.join([str(LOOPBACK_DIR), str(SUPPORT_DIR)]),
-                       "DSPARK_SITECUSTOMIZE_EXTRA": "dspark_test_faults",
-                       "DSPARK_TEST_FAULT": "greedy-draft-verification"}}
     started = {name: start_replica(logs / f"{name}.log", args + ["--dspark-warmup-requests", "2"],
-                                   env=env.get(name))
+                                   env=WRONG_VERIFIER_ENV if name == "unfixed" else None)
                for name, args in settings.items()}
-    try:
-        for replica in started.values():
-            replica.wait_ready(600)
+    with all_ready(started, 600):
         yield started
-    finally:
-        for replica in started.values():
-            replica.stop()
 
 
 def post_all(replica, requests, concurrency=4):

@@ -30,11 +30,10 @@ from pydantic import BaseModel, Field
 
 from gpustack_dspark.bench import extraction
 from gpustack_dspark.devstack import real_model
-from gpustack_dspark.devstack.processes import LOOPBACK_DIR
 from gpustack_dspark.devstack.replica import start_replica
 from tests.bench import exactness
 from tests.bench.order_json import SAME_VLLM_ARGS
-from tests.conftest import SUPPORT_DIR
+from tests.conftest import WRONG_VERIFIER_ENV, all_ready
 
 pytestmark = pytest.mark.integration
 
@@ -61,19 +60,12 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def replicas(model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("real-model")
-    fault = {"PYTHONPATH": os.pathsep.join([str(LOOPBACK_DIR), str(SUPPORT_DIR)]),
-             "DSPARK_SITECUSTOMIZE_EXTRA": "dspark_test_faults", "DSPARK_TEST_FAULT": "greedy-draft-verification"}
     settings = {"plain": (REAL_ARGS, None), "layer": (LAYER_ARGS + REAL_ARGS, None),
-                "wrong": (LAYER_ARGS + REAL_ARGS, fault)}
+                "wrong": (LAYER_ARGS + REAL_ARGS, WRONG_VERIFIER_ENV)}
     started = {name: start_replica(logs / f"{name}.log", args, model=model_dir, env=env)
                for name, (args, env) in settings.items()}
-    try:
-        for replica in started.values():
-            replica.wait_ready(900)
+    with all_ready(started, 900):
         yield started
-    finally:
-        for replica in started.values():
-            replica.stop()
 
 
 def post_all(replica, bodies, concurrency=2):
