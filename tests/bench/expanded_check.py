@@ -43,12 +43,13 @@ def agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]
 
 
 def prompts(count: int) -> Dict[str, List[List[Dict[str, str]]]]:
-    from tests.bench.budget_trace import body as trace_body
+    from tests.bench.budget_trace import Contents
     from tests.bench.drafting import fixed_schema_bodies
 
     return {"order JSON": [b["messages"] for b in order_bodies(count, 1, 0.0, "m")],
             "fixed schema (book_flight)": [b["messages"] for b in fixed_schema_bodies(count, 1, 0.0)],
-            "free text": [trace_body({"kind": "text", "index": i})["messages"] for i in range(count)]}
+            "free text": [Contents(0, 0, False).body({"kind": "text", "index": i})["messages"]
+                          for i in range(count)]}
 
 
 def main(argv=None) -> int:

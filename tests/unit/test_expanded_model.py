@@ -177,6 +177,16 @@ def test_agreement_counts_the_tokens_before_each_first_difference():
         agreement([[1], [2]], [[1]])
 
 
+def test_the_agreement_check_writes_its_three_workloads_without_a_server():
+    from tests.bench.expanded_check import prompts
+
+    found = prompts(3)
+    assert sorted(found) == ["fixed schema (book_flight)", "free text", "order JSON"]
+    assert all(len(conversations) == 3 for conversations in found.values())
+    stories = [conversation[-1]["content"] for conversation in found["free text"]]
+    assert len(set(stories)) == 3 and all("harbour" in story for story in stories)
+
+
 def test_step_time_table_has_milliseconds_and_ratios_to_one_position():
     from tests.bench.step_time import table
 
