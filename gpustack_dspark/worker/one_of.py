@@ -168,3 +168,83 @@ def rewrite(schema: Any) -> Tuple[Any, List[str]]:
     out = copy.deepcopy(schema)
     walk(out, "", apply=True)
     return out, notes
+
+
+def _values(node: Any) -> Optional[List[Any]]:
+    if not isinstance(node, dict):
+        return None
+    if "const" in node:
+        return [node["const"]]
+    return list(node["enum"]) if isinstance(node.get("enum"), list) else None
+
+
+def _type_set(node: Any) -> Optional[set]:
+    """The types `node` allows (an integer is a number), None where it does not say."""
+    value = node.get("type") if isinstance(node, dict) else None
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
+        return None
+    return set(value) | ({"integer"} if "number" in value else set())
+
+
+def _closed_without(node: Dict[str, Any], key: str) -> bool:
+    """`node` admits no object with `key` (closed to properties that leave it out)."""
+    return node.get("additionalProperties") is False and not node.get("patternProperties") \
+        and key not in (node.get("properties") or {})
+
+
+def exclusive(a: Any, b: Any) -> bool:
+    """No instance satisfies both `a` and `b`, by construction: types that share no value, a
+    property both require whose `const`/`enum` values differ, or a key one requires that the
+    other (closed to its own properties) cannot have."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a is False or b is False
+    left, right = _type_set(a), _type_set(b)
+    if left is not None and right is not None and not left & right:
+        return True
+    both = set(a.get("required") or []) & set(b.get("required") or []) \
+        if isinstance(a.get("required"), list) and isinstance(b.get("required"), list) else set()
+    props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+    for key in both:
+        va, vb = _values(props_a.get(key)), _values(props_b.get(key))
+        if va is not None and vb is not None and not any(x == y and type(x) is type(y) for x in va for y in vb):
+            return True
+    for one, other in ((a, b), (b, a)):
+        if isinstance(one.get("required"), list) and any(_closed_without(other, k) for k in one["required"]):
+            if _type_set(other) == {"object"}:  # a closed object branch: a non-object is not it
+                return True
+    return False
+
+
+def failing_beside(other: Any, chosen: Any) -> Optional[Dict[str, Any]]:
+    """A schema every instance of which fails `other`, in a form that can hold beside `chosen`
+    (what a narrowed `oneOf` adds for each branch but the chosen one), or None: an object
+    without a key `other` requires and `chosen` does not; else with a property of `other`
+    written with a type its subschema excludes, where `chosen` lets that type through; else
+    a type of `chosen`'s that `other` excludes."""
+    if not isinstance(other, dict) or not isinstance(chosen, dict):
+        return None
+    chosen_types = _type_set(chosen)
+    objects = chosen_types is None or "object" in chosen_types
+    chosen_required = set(chosen.get("required") or []) if isinstance(chosen.get("required"), list) else set()
+    if objects and isinstance(other.get("required"), list):
+        for key in other["required"]:
+            if isinstance(key, str) and key not in chosen_required:
+                return {"type": "object", "properties": {key: False}}
+    if objects and isinstance(other.get("properties"), dict) and not (
+            chosen.get("additionalProperties") is False and not chosen.get("properties")):
+        mine = chosen.get("properties") if isinstance(chosen.get("properties"), dict) else {}
+        for key, sub in other["properties"].items():
+            failing = negated(sub)
+            if failing is None or _closed_without(chosen, key):
+                continue
+            if key in mine:
+                here, there = _type_set(mine[key]), _type_set(failing)
+                if here is None or there is None or not here & there or _values(mine[key]) is not None:
+                    continue
+            return {"type": "object", "required": [key], "properties": {key: failing}}
+    theirs = _type_set(other)
+    if theirs is not None and chosen_types is not None and chosen_types - theirs:
+        left = [t for t in TYPES if t in chosen_types - theirs]
+        return {"type": left[0] if len(left) == 1 else left}
+    return None

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpustack_dspark import bounded, reply_check
 from gpustack_dspark.knobs import KnobError
-from gpustack_dspark.worker import enum_type, one_of, request_limits
+from gpustack_dspark.worker import enum_type, normalize, one_of, request_limits
 # The annotation the engine's manager reads (and removes) to pick llguidance for a request.
 from gpustack_dspark.worker.drafting.engines import MARK as ENGINE_MARK
 
@@ -504,6 +504,8 @@ class EnginePlan:
     grammar_schema: Any = None
     dropped: List[str] = field(default_factory=list)
     problem: Optional[str] = None
+    # Where the schema was said again in an equivalent form (`normalize`): exact all the same.
+    normalized: List[str] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -558,6 +560,11 @@ def plan_engine(schema: Any, engines: Sequence[str], relax: bool = True) -> Engi
             plan = plan_engine(rewritten, engines, relax)
             if not plan.problem:
                 return replace(plan, dropped=list(plan.dropped) + notes)
+        said, rewrites = normalize.normalized(schema)
+        if rewrites:  # the same schema in forms the engines read as JSON Schema does
+            plan = plan_engine(said, engines, relax)
+            if not plan.problem:
+                return replace(plan, normalized=list(plan.normalized) + rewrites)
     if problem is None:
         found = enum_type.conflict(schema) if isinstance(schema, dict) else None
         if found:
@@ -619,13 +626,23 @@ def second_plan(schema: Any, first: EnginePlan, engines: Sequence[str]) -> Optio
 
 def narrowed_plan(schema: Any, content: str, engines: Sequence[str]) -> Optional[EnginePlan]:
     """One more attempt after a reply broke a `oneOf` by satisfying several of its branches (a
-    `oneOf` served as `anyOf`, or an engine that cannot prove branches exclusive): each such
-    `oneOf` narrowed to one branch the reply matched, closed to that branch's own properties
-    (`additionalProperties: false` on an object branch that leaves it open; its `const`/`enum`
-    properties required), preferring a
-    branch whose closed form rules out the other matched ones (a key they require that it does
-    not declare). The reply is still checked against the original schema. None when there is
-    nothing to narrow or the narrowed schema has no engine."""
+    `oneOf` served as `anyOf`, or an engine that cannot prove branches exclusive): the plan for
+    `narrowed_schema`. The reply is still checked against the original schema. None when there
+    is nothing to narrow or the narrowed schema has no engine."""
+    narrowed = narrowed_schema(schema, content)
+    if narrowed is None:
+        return None
+    plan = plan_engine(narrowed, engines)
+    if plan.problem:
+        return None
+    return replace(plan, dropped=list(plan.dropped) + ["oneOf narrowed to the branch the first reply matched"])
+
+
+def narrowed_schema(schema: Any, content: str) -> Optional[Any]:
+    """`schema` with each `oneOf` the reply `content` broke (it satisfied several branches)
+    replaced by what says "this branch and no other" (`_one_branch_only`): every document it
+    admits satisfies exactly one branch there. None when there is nothing to narrow (or a
+    `$ref` on the way)."""
     overlaps = reply_check.one_of_overlaps(content, schema)
     if not overlaps:
         return None
@@ -642,12 +659,33 @@ def narrowed_plan(schema: Any, content: str, engines: Sequence[str]) -> Optional
         if not isinstance(node, dict) or not isinstance(node.get(path[-1]), list):
             return None
         branches = node.pop(path[-1])
-        chosen = _exclusive_branch([branches[i] for i in matched])
-        node["allOf"] = list(node.get("allOf") or []) + [_closed(chosen)]
-    plan = plan_engine(narrowed, engines)
-    if plan.problem:
-        return None
-    return replace(plan, dropped=list(plan.dropped) + ["oneOf narrowed to the branch the first reply matched"])
+        node["allOf"] = list(node.get("allOf") or []) + _one_branch_only(branches, matched)
+    return narrowed
+
+
+def _one_branch_only(branches: List[Any], matched: List[int]) -> List[Any]:
+    """What the narrowed `oneOf` asserts instead (an `allOf` to add): a matched branch closed to
+    its own properties where that rules out every other matched branch (`_exclusive_branch`);
+    else a matched branch beside one failing form of each other branch it does not exclude by
+    construction (`one_of.exclusive`, `one_of.failing_beside`), so that exactly it holds; else
+    the first matched branch closed."""
+    chosen = _exclusive_branch([branches[i] for i in matched])
+    if _rules_out(_closed(chosen), [branches[i] for i in matched if branches[i] is not chosen]):
+        return [_closed(chosen)]
+    for i in matched:
+        failing = [one_of.failing_beside(other, branches[i]) for j, other in enumerate(branches)
+                   if j != i and not one_of.exclusive(branches[i], other)]
+        if all(f is not None for f in failing):
+            return [branches[i], *failing]
+    return [_closed(chosen)]
+
+
+def _rules_out(closed: Any, others: List[Any]) -> bool:
+    """`closed` (additionalProperties false) leaves out a key each of `others` requires."""
+    if not isinstance(closed, dict) or closed.get("additionalProperties") is not False:
+        return False
+    declared = set(closed.get("properties") or {})
+    return all(isinstance(o, dict) and set(o.get("required") or []) - declared for o in others)
 
 
 def _closed(branch: Any) -> Any:
