@@ -96,7 +96,7 @@ image-base:
 # expiry, an in-flight gauge read while a request finished): one stream stays the default.
 PYTEST_WORKERS ?= 0
 test: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 \
+	DSPARK_STRICT_SKIPS=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 \
 	  $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder) $(PYTEST_ARGS)
 
 unit: venv tools

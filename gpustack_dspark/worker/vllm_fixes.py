@@ -177,6 +177,17 @@ class _UniformsSeen(threading.local):
 _uniforms_seen = _UniformsSeen()
 
 
+class _RowsSeen(threading.local):
+    """The first rejected rows `_first_rejected` just computed (this thread's last): (rows, requests)."""
+    value = None
+
+
+_rows_seen = _RowsSeen()
+# Verify steps where vLLM's accept test rejected another position than `_first_rejected` said
+# (a divergence emits token 0 there): counted and logged, never expected.
+divergences = 0
+
+
 def _noting_uniforms(original):
     def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device):
         uniforms = original(num_tokens, num_draft_tokens, generators, device)
@@ -226,6 +237,7 @@ def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, 
         requests = [i for i, n in enumerate(num_draft_tokens) for _ in range(n)]
     else:
         rows, requests = _first_rejected(uniforms, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs)
+        _rows_seen.value = (rows.tolist(), requests)
     recovered = torch.zeros_like(draft_token_ids)
     vocab_size = target_probs.shape[-1]
     if rows.numel() == 0:
@@ -255,6 +267,51 @@ def _fast_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, 
     return recovered
 
 
+def divergent_requests(output_token_ids, num_draft_tokens, cu_num_draft_tokens, seen, random_rows,
+                       placeholder: int = -1) -> List[int]:
+    """The requests (of those sampled at random, `random_rows`) where vLLM's own accept test
+    stopped at another draft position than `_first_rejected` said (`seen`: its rows and
+    requests). Read from the verify step's output: a request that kept k of its n drafts was
+    rejected at its row `start + k` when k < n, and nowhere when k = n."""
+    expected = dict(zip(seen[1], seen[0]))
+    out = []
+    ends = cu_num_draft_tokens.tolist()
+    for i, row in enumerate(output_token_ids.tolist()):
+        drafts = num_draft_tokens[i]
+        if not drafts or not random_rows[i]:
+            continue
+        kept = sum(1 for t in row if t != placeholder) - 1
+        actual = ends[i] - drafts + kept if kept < drafts else None
+        if expected.get(i) != actual:
+            out.append(i)
+    return out
+
+
+def _checking_rejections(original):
+    """`rejection_sample` that checks, after each verify step, that the positions vLLM's kernel
+    rejected are the ones whose recovered tokens this fix drew (`divergent_requests`)."""
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+        _rows_seen.value = None
+        output = original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                          target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
+        seen, _rows_seen.value = _rows_seen.value, None
+        if seen is not None and not sampling_metadata.all_greedy:
+            greedy = vllm_seam.resolve("GREEDY_TEMPERATURE")
+            random_rows = (sampling_metadata.temperature != greedy).tolist()
+            wrong = divergent_requests(output, num_draft_tokens, cu_num_draft_tokens, seen, random_rows,
+                                       vllm_seam.resolve("PLACEHOLDER_TOKEN_ID"))
+            if wrong:
+                global divergences
+                divergences += 1
+                if divergences <= 5 or divergences % 1000 == 0:
+                    logger.error("DSpark recovered_tokens: vLLM's accept test rejected other draft positions "
+                                 "than this fix drew tokens for (requests %s of this step; %d such steps): "
+                                 "those positions got token 0", wrong, divergences)
+        return output
+    return rejection_sample
+
+
 def _recovered_on_cpu() -> Optional[str]:
     if not vllm_seam.resolve("current_platform").is_cpu():
         return None  # on a GPU vLLM's draw is one kernel launch
@@ -269,6 +326,7 @@ def _patch_recovered() -> None:
     module = importlib.import_module(vllm_seam.module_of("sample_recovered_tokens"))
     module.generate_uniform_probs = _noting_uniforms(module.generate_uniform_probs)
     module.sample_recovered_tokens = _fast_recovered_tokens
+    module.rejection_sample = _checking_rejections(vllm_seam.resolve("rejection_sample"))
 
 
 FIXES = (

@@ -181,11 +181,18 @@ def token_ids(choice: Dict[str, Any]) -> List[int]:
     return out
 
 
+# What a withheld request's choices count as where withheld replies are not asked again: an
+# outcome of its own, which no correct variant's sample holds.
+WITHHELD = json.dumps("<withheld by the replica>")
+
+
 async def _collect(base_url: str, body: Dict[str, Any], samples: int, per_request: int,
-                   concurrency: int) -> List[Dict[str, Any]]:
+                   concurrency: int, reask: bool = True) -> List[Dict[str, Any]]:
     """`samples` choices; a reply the replica withholds (its delivery check: 500, the reply did not
     validate) is counted and printed, and asked for again, up to a tenth of the requests: a
-    broken variant (the "before the fix" one) must still give its table row."""
+    broken variant (the "before the fix" one) must still give its table row. With `reask`
+    false (the tests), its choices count as the outcome WITHHELD instead: never dropped from
+    the sample (dropping them would compare the distribution given validity)."""
     choices: List[Dict[str, Any]] = []
     withheld: List[str] = []
     requests = math.ceil(samples / per_request)
@@ -198,27 +205,32 @@ async def _collect(base_url: str, body: Dict[str, Any], samples: int, per_reques
                     if r.status_code == 200:
                         choices.extend(r.json()["choices"])
                         return
-                    if r.status_code != 500 or len(withheld) >= max(1, requests // 10):
+                    if r.status_code != 500 or (reask and len(withheld) >= max(1, requests // 10)):
                         raise RuntimeError(f"{base_url}: {r.status_code} {r.text[:300]}")
                     withheld.append(r.text[:200])
+                    if not reask:
+                        choices.extend({"message": {"content": WITHHELD}} for _ in range(per_request))
+                        return
 
         await asyncio.gather(*(one() for _ in range(requests)))
     if withheld:
-        print(f"    {len(withheld)} request(s) of {requests} withheld by the replica (not valid), asked again; "
-              f"first: {withheld[0]}", flush=True)
+        print(f"    {len(withheld)} request(s) of {requests} withheld by the replica (not valid), "
+              f"{'asked again' if reask else 'counted as an outcome'}; first: {withheld[0]}", flush=True)
     return choices[:samples]
 
 
-def collect(base_url: str, body: Dict[str, Any], samples: int, concurrency: int = 4) -> List[Dict[str, Any]]:
-    """`samples` choices of `body` (its `n` per request), withheld replies asked again as above."""
-    return asyncio.run(_collect(base_url, body, samples, int(body.get("n", 1)), concurrency))
+def collect(base_url: str, body: Dict[str, Any], samples: int, concurrency: int = 4,
+            reask: bool = True) -> List[Dict[str, Any]]:
+    """`samples` choices of `body` (its `n` per request), withheld replies as above."""
+    return asyncio.run(_collect(base_url, body, samples, int(body.get("n", 1)), concurrency, reask))
 
 
 def sample_choices(base_url: str, model: str, sampling: Dict[str, Any], samples: int,
-                   per_request: int = 8, concurrency: int = 4, body_of=choice_body) -> List[str]:
+                   per_request: int = 8, concurrency: int = 4, body_of=choice_body,
+                   reask: bool = True) -> List[str]:
     """`samples` replies to the choice request (or `body_of`'s), as canonical JSON strings."""
     body = body_of(model, sampling, per_request)
-    choices = asyncio.run(_collect(base_url, body, samples, per_request, concurrency))
+    choices = asyncio.run(_collect(base_url, body, samples, per_request, concurrency, reask))
     return [canonical_reply(c["message"]["content"]) for c in choices]
 
 

@@ -20,7 +20,12 @@ and reason), withheld (the replica's reply check: 5xx SchemaViolationError), inv
 split and in total for both configurations.
 
     .venv/bin/python -m tests.bench.schema_bench [--per-split N] [--limit N] [--max-tokens 256]
-        [--concurrency 2] [--out results.json]
+        [--concurrency 2] [--temperature 1 --samples 3 [--seed S]] [--out results.json]
+
+The sampled property test is `--only after --temperature 1 --samples 3`: every reply either
+valid, cut by max_tokens, or refused before any token; each withheld (or invalid) reply is
+listed with its schema, sample and cause. CI runs a slice of it (`property_slice`,
+tests/integration/test_request_path.py).
 
 All 333 schemas take about half an hour per configuration on a busy 2-core machine (~5 s a
 request at concurrency 2 with the tiny CPU model); `--per-split 10` takes a third of that.
@@ -71,18 +76,37 @@ def classify(schema: Any, status: int, body: Any) -> Tuple[str, str]:
     return "valid", ""
 
 
+def property_slice(bench: Path) -> List[Path]:
+    """CI's slice of the bench for the sampled property test: the first schema of each split,
+    and the first of each split that the request path says again in another form
+    (worker/normalize.py)."""
+    from gpustack_dspark.worker import normalize
+
+    paths = bench_paths(bench, per_split=1)
+    said: Dict[str, Path] = {}
+    for path in bench_paths(bench):
+        if path.parent.name not in said and normalize.normalized(json.loads(path.read_text()))[1]:
+            said[path.parent.name] = path
+    return paths + [p for p in said.values() if p not in paths]
+
+
 def run_requests(url: str, key: str, model: str, paths: List[Path], max_tokens: int,
-                 concurrency: int) -> List[Dict[str, Any]]:
+                 concurrency: int, temperature: float = 0.0, samples: int = 1,
+                 seed: int = 0) -> List[Dict[str, Any]]:
+    """Each schema `samples` times (sample i with seed `seed * 1000 + i`), in the OpenAI SDK's
+    own request, classified (`classify`)."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
 
-    def one(path: Path) -> Dict[str, Any]:
+    def one(job: Tuple[Path, int]) -> Dict[str, Any]:
+        path, sample = job
         schema = json.loads(path.read_text())
         started = time.monotonic()
         try:
             raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=[{"role": "user", "content": "Reply with a JSON object."}], temperature=0,
+                model=model, messages=[{"role": "user", "content": "Reply with a JSON object."}],
+                temperature=temperature, seed=seed * 1000 + sample,
                 max_tokens=max_tokens, response_format={"type": "json_schema", "json_schema": {
                     "name": "bench", "schema": schema}})
             status, body = raw.http_response.status_code, raw.http_response.json()
@@ -93,14 +117,21 @@ def run_requests(url: str, key: str, model: str, paths: List[Path], max_tokens: 
             except ValueError:
                 body = {"error": {"message": e.response.text[:300]}}
         except Exception as e:  # no answer at all
-            return {"path": str(path), "split": path.parent.name, "class": "error", "detail": repr(e)[:200],
-                    "seconds": round(time.monotonic() - started, 2)}
+            return {"path": str(path), "split": path.parent.name, "sample": sample, "class": "error",
+                    "detail": repr(e)[:200], "seconds": round(time.monotonic() - started, 2)}
         kind, detail = classify(schema, status, body)
-        return {"path": str(path), "split": path.parent.name, "class": kind, "detail": detail, "status": status,
-                "seconds": round(time.monotonic() - started, 2)}
+        content = body["choices"][0]["message"].get("content") if status == 200 else None
+        return {"path": str(path), "split": path.parent.name, "sample": sample, "class": kind, "detail": detail,
+                "status": status, "content": content, "seconds": round(time.monotonic() - started, 2)}
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, paths))
+        return list(pool.map(one, [(p, i) for p in paths for i in range(samples)]))
+
+
+def withheld_lines(results: List[Dict[str, Any]]) -> List[str]:
+    """One line per withheld or invalid reply: which schema, which sample, the cause."""
+    return [f"{r['class']:9} {Path(r['path']).parent.name}/{Path(r['path']).stem} sample {r.get('sample', 0)}: "
+            f"{r['detail']}" for r in results if r["class"] in ("withheld", "invalid")]
 
 
 def summary(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, int]]:
@@ -136,9 +167,11 @@ def print_tables(out: Dict[str, List[Dict[str, Any]]]) -> None:
             print(f"    refused as unsatisfiable: {', '.join(Path(p).parent.name + '/' + Path(p).stem for p in impossible)}; "
                   f"served among the other {n - len(impossible)}: "
                   f"{100 * (total['valid'] + total['cut']) / max(1, n - len(impossible)):.1f}%")
-        reasons = collections.Counter(r["detail"][:90] for r in out[name] if r["class"] in ("refused", "withheld"))
+        reasons = collections.Counter(r["detail"][:90] for r in out[name] if r["class"] == "refused")
         for reason, count in reasons.most_common(6):
             print(f"    {count:4d}  {reason}")
+        for line in withheld_lines(out[name]):  # every one, with its cause
+            print(f"    {line}")
 
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
@@ -181,7 +214,8 @@ def run_config(name: str, pass_status: bool, relax: bool, replica_args: List[str
         keeper.watch(model["id"])
         wait_routable(server.url, key, SERVED_NAME, 300)
         started = time.monotonic()
-        results = run_requests(server.url, key, SERVED_NAME, paths, args.max_tokens, args.concurrency)
+        results = run_requests(server.url, key, SERVED_NAME, paths, args.max_tokens, args.concurrency,
+                               args.temperature, args.samples, args.seed)
         print(f"== {name}: {len(results)} requests in {time.monotonic() - started:.0f} s", flush=True)
         counters = replica.info()["requests"]
         print(f"== {name}: replica counters {json.dumps(counters)}", flush=True)
@@ -205,8 +239,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--only", choices=[c[0] for c in CONFIGS], action="append",
                         help="run only this configuration (repeatable)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (default 0; the sampled property test: 1)")
+    parser.add_argument("--samples", type=int, default=1, help="requests per schema, each with its own seed")
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: drawn and printed)")
     parser.add_argument("--out", type=Path, help="write every classified reply as JSON")
     args = parser.parse_args()
+    if args.seed is None:
+        import random
+
+        args.seed = random.randrange(1, 10 ** 6)
+    print(f"temperature {args.temperature}, {args.samples} sample(s) per schema, seed {args.seed}", flush=True)
 
     from gpustack_dspark.devstack.postgres import start_postgres
 

@@ -226,7 +226,8 @@ def lines(result) -> str:
 
 def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier_is_caught(replicas):
     def sample(name, sampling, samples=EXACTNESS_SAMPLES):
-        return exactness.sample_choices(replicas[name].base_url, SERVED_NAME, sampling, samples)
+        # A withheld reply is an outcome of its own, not asked again (exactness.WITHHELD).
+        return exactness.sample_choices(replicas[name].base_url, SERVED_NAME, sampling, samples, reask=False)
 
     t1 = exactness.SETTINGS["t1"]
     before = drafting_counters(replicas["layer"], settle_s=0)
@@ -235,7 +236,9 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     assert len(set(reference)) >= 8, sorted(set(reference))
     layer = same_distribution(sample, "layer", t1, reference)
     after = drafting_counters(replicas["layer"])
+    budget_before = drafting_counters(replicas["budget"], settle_s=0)
     budget = same_distribution(sample, "budget", t1, reference)
+    budget_after = drafting_counters(replicas["budget"])
     wrong = same_distribution(sample, "unfixed", t1, reference)
     assert exact(layer), ("forced + statistical, length 8", lines(layer))
     assert exact(budget), ("auto", lines(budget))
@@ -257,10 +260,24 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
     learned = after["verifier_rows"] - before["verifier_rows"]
     assert learned > 50, (learned, after)
 
+    # The budget's arm verified drawn drafts in its run (a budget that kept speculation off
+    # would pass the two-sample test trivially).
+    assert verified_drawn(budget_before, budget_after) > 50, (budget_before, budget_after)
+
     # top_p on draft positions too (it was expanded as garbage like the temperature).
     t07 = exactness.SETTINGS["t07p09"]
-    nucleus = same_distribution(sample, "layer", t07, sample("plain", t07))
+    plain_t07 = sample("plain", t07)
+    nucleus_before = drafting_counters(replicas["layer"], settle_s=0)
+    nucleus = same_distribution(sample, "layer", t07, plain_t07)
+    nucleus_after = drafting_counters(replicas["layer"])
     assert exact(nucleus), ("temperature 0.7, top_p 0.9", lines(nucleus))
+    assert verified_drawn(nucleus_before, nucleus_after) > 50, (nucleus_before, nucleus_after)
+
+
+def verified_drawn(before, after) -> int:
+    """Drawn draft tokens (statistical, temperature > 0) the target verified between two reads
+    of a replica's counters: accepted plus the first rejected of each draft."""
+    return sum(after[f"sampled_{k}"] - before[f"sampled_{k}"] for k in ("accepted", "rejected"))
 
 
 def test_seeded_sampling_with_chunked_prefills_is_served_and_the_replica_stays_up(replicas):

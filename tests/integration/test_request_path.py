@@ -12,8 +12,7 @@
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import httpx
 import jsonschema
@@ -24,6 +23,7 @@ from pydantic import BaseModel
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.postgres import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from tests.bench.schema_bench import DEFAULT_BENCH
 from tests.bench.tools_and_streams import PROMPTS, tools as _auto_tools
 from tests.conftest import dspark_status, wait_for
 
@@ -364,6 +364,38 @@ def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):
     assert after["schema_violations"] == before["schema_violations"]  # nothing withheld in the end
 
 
+def test_sampled_replies_to_a_slice_of_the_bench_are_valid_or_cut_never_withheld(stack):
+    """The sampled property test's CI slice (tests/bench/schema_bench.py runs all of it): the
+    first schema of each JSONSchemaBench split and the first the request path says again in
+    another form, each twice at temperature 1 through GPUStack's /v1 with the OpenAI SDK. Every
+    reply valid or cut by max_tokens, a refusal only as a 400 before any token, nothing withheld
+    (each schema here has valid replies), nothing invalid delivered."""
+    import random
+
+    from tests.bench.schema_bench import property_slice, run_requests, withheld_lines
+
+    server, api, replica, _ = stack
+    paths = property_slice(DEFAULT_BENCH)
+    assert len(paths) >= 16 and any("calculate_area" in p.stem for p in paths), paths
+    seed = random.randrange(1, 10 ** 6)
+    before = _requests(replica)
+    results = run_requests(server.url, api.api_key, SERVED_NAME, paths, 192, 2, temperature=1.0, samples=2, seed=seed)
+    classes = {c: sum(r["class"] == c for r in results) for c in ("valid", "cut", "refused", "withheld", "invalid",
+                                                                   "error")}
+    print(f"seed {seed}: {classes}")
+    bad = withheld_lines(results) + [f"{r['path']}: {r['detail']}" for r in results
+                                     if r["class"] == "error" or (r["class"] == "refused" and r["status"] != 400)]
+    assert not bad, (seed, bad)
+    assert classes["valid"] >= len(results) // 2, (seed, classes)  # mostly served, not mostly cut
+    # Sampled, not greedy: the two samples of a schema differ for most schemas.
+    replies: Dict[str, List[str]] = {}
+    for r in results:
+        replies.setdefault(r["path"], []).append(r["content"])
+    assert sum(len(set(both)) > 1 for both in replies.values()) >= len(paths) // 2, (seed, replies)
+    after = _requests(replica)
+    assert after["schema_violations"] == before["schema_violations"], (seed, before, after)
+
+
 def test_both_engines_give_the_same_reply_with_grammar_forced_drafts(stack):
     """Greedy: the reply is the target model's whichever engine holds the grammar, and the
     drafting layer builds forced drafts over llguidance too (the annotation picks it)."""
@@ -663,7 +695,7 @@ diff = [p.name for p in sorted(bench.glob("*/*.json"))
         if isinstance(s := json.loads(p.read_text()), dict) and vllm_says(s) != (xgrammar_unsupported(s) is not None)]
 print(json.dumps(diff))
 """
-    bench = Path("/work/shared/data/jsonschemabench")
+    bench = DEFAULT_BENCH
     if not bench.exists():
         pytest.skip("no JSONSchemaBench data")
     done = subprocess.run([str(worker_python()), "-c", script, str(bench)], capture_output=True, text=True,

@@ -47,19 +47,35 @@ class Meta:  # the SamplingMetadata fields rejection_sample reads
     temperature = torch.ones(B)
     generators = {}
 
-def run(n, seeded=False):
+# A drafter's own distributions (the q of a probabilistic draft), 0.6 on its draft token (more
+# than the target's there, so drafts are rejected): the residual is (p - q)+.
+q = torch.full((B * K, V), 0.08)
+q[torch.arange(B * K), draft.long()] = 0.6
+
+def run(n, seeded=False, draft_probs=None):
     Meta.generators = {1: torch.Generator().manual_seed(7)} if seeded else {}
-    return [[tuple(row) for row in rs.rejection_sample(draft, [K] * B, K, cu, None, logits.clone(), bonus,
+    return [[tuple(row) for row in rs.rejection_sample(draft, [K] * B, K, cu, draft_probs, logits.clone(), bonus,
                                                        Meta).tolist()] for _ in range(n)]
 
 # The reference arm is vLLM's own code: nothing (a plugin hook) patched it before this point.
 out = {"unpatched": [getattr(rs, name).__module__ == rs.__name__
                      for name in ("sample_recovered_tokens", "generate_uniform_probs")]}
 out["vllm"] = run(steps)
+out["vllm_q"] = run(steps // 2, draft_probs=q.clone())
 vllm_fixes._patch_recovered()
 out["patched"] = rs.sample_recovered_tokens is vllm_fixes._fast_recovered_tokens
 out["fixed"] = run(steps)
+out["fixed_q"] = run(steps // 2, draft_probs=q.clone())
 out["seeded"] = [run(50, seeded=True), run(50, seeded=True)]
+out["divergences"] = vllm_fixes.divergences  # the run-time check of _first_rejected: none
+right = vllm_fixes._first_rejected
+def shifted(*args):  # a deliberately wrong accept test: one position off
+    rows, requests = right(*args)
+    return torch.where(rows + 1 < len(draft), rows + 1, rows - 1), requests
+vllm_fixes._first_rejected = shifted
+run(50)
+out["divergences_caught"] = vllm_fixes.divergences
+vllm_fixes._first_rejected = right
 padded = draft.clone(); padded[4] = -1  # a padded draft: every position is resampled
 out["padded_ok"] = rs.sample_recovered_tokens(K, [K] * B, cu, padded, None, logits.softmax(-1), Meta, "cpu").tolist()
 
@@ -96,6 +112,24 @@ def test_the_fix_keeps_vllms_verify_distribution_and_a_wrong_residual_is_caught(
     # Rejections happen at every position, so every recovered position was exercised.
     for i in range(3):
         assert {sum(1 for t in row if t >= 0) for row in _request(steps["fixed"], i)} >= {1, 2, 3}
+
+
+def test_the_q_residual_keeps_vllms_verify_distribution(steps):
+    """`draft_probs` given (a probabilistic draft, as the drafting layer's sampled drafts): the
+    residual is (p - q)+, the fix's other branch, against vLLM's own on the same inputs."""
+    for i in range(3):
+        fixed = exactness.two_sample(_request(steps["vllm_q"], i), _request(steps["fixed_q"], i), permutations=2000)
+        print(f"request {i} with q: fixed {fixed.line()}")
+        assert fixed.p_value > ALPHA, (i, fixed.line())
+        assert {sum(1 for t in row if t >= 0) for row in _request(steps["fixed_q"], i)} >= {1, 2, 3}
+    # q changes what is accepted and resampled: the runs with q are not the runs without it.
+    with_q = exactness.two_sample(_request(steps["fixed"], 0), _request(steps["fixed_q"], 0), permutations=2000)
+    assert with_q.p_value <= ALPHA, with_q.line()
+
+
+def test_the_run_time_check_of_the_accept_test_sees_no_divergence_and_catches_one(steps):
+    assert steps["divergences"] == 0
+    assert steps["divergences_caught"] >= 10, steps["divergences_caught"]
 
 
 def test_a_seeded_request_stays_reproducible_and_a_padded_draft_is_served(steps):

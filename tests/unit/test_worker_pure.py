@@ -289,3 +289,20 @@ def test_a_schema_no_document_satisfies_is_a_400_before_vllm_is_asked(monkeypatc
     assert status == 400 and answer["error"]["param"] == "response_format", answer
     assert "no document satisfies the schema: at dimensions" in answer["error"]["message"]
     assert not asked and state.counters["rejected"] == 1
+
+
+def test_a_verify_step_that_rejected_elsewhere_than_the_recovered_rows_is_named():
+    import numpy as np
+
+    from gpustack_dspark.worker.vllm_fixes import divergent_requests
+
+    # Three requests of 3 drafts (rows 0-2, 3-5, 6-8); -1 pads the output.
+    output = np.array([[5, 7, -1, -1],   # kept 1, rejected at row 1
+                       [1, 2, 3, 9],     # kept all 3: no rejection
+                       [4, -1, -1, -1]])  # kept 0, rejected at row 6
+    cu = np.array([3, 6, 9])
+    agreed = ([1, 6], [0, 2])
+    assert divergent_requests(output, [3, 3, 3], cu, agreed, [True, True, True]) == []
+    assert divergent_requests(output, [3, 3, 3], cu, ([2, 6], [0, 2]), [True, True, True]) == [0]
+    assert divergent_requests(output, [3, 3, 3], cu, ([1, 4, 6], [0, 1, 2]), [True, True, True]) == [1]
+    assert divergent_requests(output, [3, 3, 3], cu, ([2, 6], [0, 2]), [False, True, True]) == []  # greedy: not read
