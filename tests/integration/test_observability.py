@@ -110,7 +110,14 @@ def test_server_exporter_counts_checked_json_replies(stack):
     json.loads(stack.chat(SERVED_NAME, response_format=JSON_SCHEMA_FORMAT))
     json.loads(stack.chat(SERVED_NAME, stream=True, response_format={"type": "json_object"}))
     stack.chat(SERVED_NAME)  # a JSON-only model served as JSON: checked too
-    after = stack.server_metrics()
+    # The server counts a reply and releases its in-flight slot as the response ends, which can
+    # come a moment after the client has read the last byte (a loaded machine): read once settled.
+    def settled():
+        metrics = stack.server_metrics()
+        done = sample(metrics, "dspark_json_responses_checked_total", model_name=SERVED_NAME, result="ok")
+        return metrics if done >= checked + 3 and sample(metrics, "dspark_routing_in_flight_requests") == 0 else None
+
+    after = wait_for(settled, 15, "the three replies counted and released")
     assert sample(after, "dspark_json_responses_checked_total", model_name=SERVED_NAME, result="ok") == checked + 3
     assert sample(after, "dspark_json_format_errors_total", model_name=SERVED_NAME) == 0
     assert sample(after, "dspark_routing_decisions_total", decision="json") >= 2

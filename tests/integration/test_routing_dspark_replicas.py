@@ -35,9 +35,10 @@ pytestmark = pytest.mark.integration
 SILENCE_S = 15
 # How long a try may wait on a silent replica (routing/silence.py): twice the timeout (the replica
 # may have answered another request just before it went silent), then its health check (5 s),
-# plus 5 s for the server's event loop, late under the soak on this loaded 2-core machine
-# (measured: 37.2 s, the logic's bound being 35 s).
-GIVE_UP_BOUND_S = 2 * SILENCE_S + 5 + 5
+# plus 15 s for the server's event loop, late under the soak on this loaded 2-core machine
+# (measured: 37.2 s in one stream, 45 s beside the other pytest worker; the logic's bound is
+# 35 s), still well inside the requests' own 120 s.
+GIVE_UP_BOUND_S = 2 * SILENCE_S + 5 + 15
 
 
 TABLES_BEFORE: dict = {}
@@ -236,21 +237,24 @@ def test_requests_sharing_a_schema_and_prefix_stay_on_one_replica_until_its_boun
     # The other replica compiled the grammar for its first spilled request only.
     assert final[1 - home][3] - after[1 - home][3] == 1
     # The status shows it per replica (the console's sampler, every 5 s): keys, hit rate, compiles.
+    # Where the key lives at the end (its home, or the replica it settled on after a spill) is
+    # the ledger's choice: the deployment's replicas together show the key, the prefix hits and
+    # both compiles, each replica its own figures.
     seen: List[Any] = []
 
     def shown():
-        status = dspark_status(server, api.api_key)
-        seen[:] = [status.get("replica_caches"), (status.get("console") or {}).get("sampler")]
-        return [c for c in ((seen[0] or {}).get("deployments", {}).get(SERVED_NAME) or {}).values()
-                if (c["keys"] or 0) >= 1 and (c["prefix_cache_hit_rate"] or 0) > 0
-                and (c["grammar_compiles"] or 0) >= 1]
+        seen[:] = [dspark_status(server, api.api_key).get("replica_caches")]
+        rows = list(((seen[0] or {}).get("deployments", {}).get(SERVED_NAME) or {}).values())
+        return len(rows) == 2 and sum(c["keys"] or 0 for c in rows) >= 1 \
+            and max(c["prefix_cache_hit_rate"] or 0 for c in rows) > 0 \
+            and all((c["grammar_compiles"] or 0) >= 1 for c in rows)
 
     # 60 s: a dozen of the sampler's 5 s passes, room for a pass whose replica reads timed out
     # under the machine's load; the message shows what the status did hold.
     try:
         wait_for(shown, 60, "replica_caches in the status")
     except AssertionError as e:
-        raise AssertionError(f"{e}; last replica_caches and sampler: {seen}") from None
+        raise AssertionError(f"{e}; last replica_caches: {seen}") from None
 
 
 def _server_rss_mib(server) -> float:
