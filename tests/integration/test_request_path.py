@@ -364,6 +364,47 @@ def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):
     assert after["schema_violations"] == before["schema_violations"]  # nothing withheld in the end
 
 
+# The three shapes the grammar engines read wider than JSON Schema (worker/normalize.py and the
+# narrowed retry), in schemas of our own: keywords beside a oneOf of required-only branches, a
+# string's keywords without a type whose pattern no string of that length matches (so a valid
+# reply there is not a string), and a oneOf whose branches overlap (an object with neither key,
+# or with a string "phone", satisfies both).
+SHAPES = {
+    "siblings beside oneOf": {
+        "type": "object", "required": ["zone"],
+        "properties": {"zone": {"type": "string", "enum": ["north", "south"]}, "weight_kg": {"type": "number"},
+                       "volume_l": {"type": "number"}, "pallets": {"type": "integer"}},
+        "oneOf": [{"required": ["weight_kg"]}, {"required": ["volume_l"]}, {"required": ["pallets"]}]},
+    "string keywords without a type": {
+        "type": "object", "required": ["code", "tag"], "additionalProperties": False,
+        "properties": {"code": {"minLength": 4, "maxLength": 4, "pattern": "^[A-Z]{6}$"},
+                       "tag": {"minLength": 2, "maxLength": 8, "pattern": "^[a-z]+$"}}},
+    "overlapping oneOf": {
+        "type": "object", "required": ["contact"],
+        "properties": {"contact": {"type": "object", "oneOf": [
+            {"properties": {"email": {"type": "string"}}}, {"properties": {"phone": {"type": "string"}}}]}}},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_schemas_the_engines_read_wider_are_served_valid_greedy_and_sampled(stack, shape):
+    _, _, replica, _ = stack
+    schema = SHAPES[shape]
+    before = _requests(replica)
+    replies = []
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 11}, {"temperature": 1.0, "seed": 12}):
+        r = _proxy(stack, _schema_body(schema, max_tokens=128, messages=DOCUMENT, **sampling))
+        assert r.status_code == 200, (shape, sampling, r.text[:300])
+        choice = r.json()["choices"][0]
+        replies.append((choice["finish_reason"], choice["message"]["content"]))
+    finished = [text for finish, text in replies if finish == "stop"]
+    assert len(finished) >= 2, (shape, replies)
+    for text in finished:
+        jsonschema.validate(json.loads(text), schema)
+    after = _requests(replica)
+    assert after["schema_violations"] == before["schema_violations"], (shape, replies)
+
+
 def test_sampled_replies_to_a_slice_of_the_bench_are_valid_or_cut_never_withheld(stack):
     """The sampled property test's CI slice (tests/bench/schema_bench.py runs all of it): the
     first schema of each JSONSchemaBench split and the first the request path says again in

@@ -85,6 +85,11 @@ def wrong_residual(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_to
     return torch.multinomial(target_probs, 1)[:, 0].to(draft_token_ids.dtype)
 rs.sample_recovered_tokens = wrong_residual
 out["wrong"] = run(steps)
+out["wrong_q"] = run(steps // 2, draft_probs=q.clone())  # the residual from p, not (p - q)+
+# The formula: where a request's first draft is rejected, the token is drawn from (p - q)+.
+p0 = logits.softmax(-1)
+out["residual_q"] = [((p0[r] - q[r]).clamp(min=0) / (p0[r] - q[r]).clamp(min=0).sum()).tolist()
+                     for r in (0, 3, 6)]
 print(json.dumps(out))
 """
 
@@ -125,6 +130,32 @@ def test_the_q_residual_keeps_vllms_verify_distribution(steps):
     # q changes what is accepted and resampled: the runs with q are not the runs without it.
     with_q = exactness.two_sample(_request(steps["fixed"], 0), _request(steps["fixed_q"], 0), permutations=2000)
     assert with_q.p_value <= ALPHA, with_q.line()
+    # A residual drawn from p instead of (p - q)+ is caught by the same test.
+    wrong = exactness.two_sample(_request(steps["vllm_q"], 0), _request(steps["wrong_q"], 0), permutations=2000)
+    assert wrong.p_value <= ALPHA, wrong.line()
+
+
+# Chi-square critical values at 0.001 by degrees of freedom (a goodness-of-fit test).
+CHI2_0001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}
+
+
+def test_a_rejected_first_draft_is_replaced_by_a_draw_from_the_residual_formula(steps):
+    """Where a request's first draft is rejected, what the step emits is a draw of
+    (p - q)+ / sum: the fixed sampler's frequencies fit the formula; the wrong residual's do not."""
+    def fit(outputs, request, expected):
+        drawn = [row[0] for row in _request(outputs, request) if sum(1 for t in row if t >= 0) == 1]
+        counts = [drawn.count(t) for t in range(len(expected))]
+        cells = [(c, len(drawn) * e) for c, e in zip(counts, expected) if e > 0]
+        chi2 = sum((c - m) ** 2 / m for c, m in cells)
+        outside = sum(c for c, e in zip(counts, expected) if e == 0)
+        return len(drawn), chi2, len(cells) - 1, outside
+
+    for request, expected in enumerate(steps["residual_q"]):
+        n, chi2, df, outside = fit(steps["fixed_q"], request, expected)
+        print(f"request {request}: {n} rejected first drafts, chi2 {chi2:.1f} (df {df}), outside the residual {outside}")
+        assert n >= 300 and outside == 0 and chi2 < CHI2_0001[df], (request, n, chi2, df, outside)
+    n, chi2, df, outside = fit(steps["wrong_q"], 0, steps["residual_q"][0])
+    assert outside > 0 or chi2 >= CHI2_0001[df], (n, chi2, df, outside)
 
 
 def test_the_run_time_check_of_the_accept_test_sees_no_divergence_and_catches_one(steps):
