@@ -61,11 +61,11 @@ def run(n, seeded=False, draft_probs=None):
 out = {"unpatched": [getattr(rs, name).__module__ == rs.__name__
                      for name in ("sample_recovered_tokens", "generate_uniform_probs")]}
 out["vllm"] = run(steps)
-out["vllm_q"] = run(steps // 2, draft_probs=q.clone())
+out["vllm_q"] = run(steps // 3, draft_probs=q.clone())
 vllm_fixes._patch_recovered()
 out["patched"] = rs.sample_recovered_tokens is vllm_fixes._fast_recovered_tokens
 out["fixed"] = run(steps)
-out["fixed_q"] = run(steps // 2, draft_probs=q.clone())
+out["fixed_q"] = run(steps // 3, draft_probs=q.clone())
 out["seeded"] = [run(50, seeded=True), run(50, seeded=True)]
 out["divergences"] = vllm_fixes.divergences  # the run-time check of _first_rejected: none
 right = vllm_fixes._first_rejected
@@ -85,7 +85,7 @@ def wrong_residual(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_to
     return torch.multinomial(target_probs, 1)[:, 0].to(draft_token_ids.dtype)
 rs.sample_recovered_tokens = wrong_residual
 out["wrong"] = run(steps)
-out["wrong_q"] = run(steps // 2, draft_probs=q.clone())  # the residual from p, not (p - q)+
+out["wrong_q"] = run(steps // 3, draft_probs=q.clone())  # the residual from p, not (p - q)+
 # The formula: where a request's first draft is rejected, the token is drawn from (p - q)+.
 p0 = logits.softmax(-1)
 out["residual_q"] = [((p0[r] - q[r]).clamp(min=0) / (p0[r] - q[r]).clamp(min=0).sum()).tolist()
@@ -97,7 +97,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def steps():
     done = subprocess.run([str(worker_python()), "-c", SCRIPT, str(STEPS)], capture_output=True, text=True,
-                          timeout=600, env=worker_env())
+                          timeout=900, env=worker_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
