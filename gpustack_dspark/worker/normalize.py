@@ -2,7 +2,7 @@
 
 Why: vLLM 0.32's xgrammar serves two common shapes of real-world schemas with a grammar wider
 than the schema, so the model may write a reply the reply check then withholds although valid
-replies exist:
+replies exist (three shapes; a fourth, `if`/`then`, the engines do not read at all):
 
 - keywords beside `oneOf`/`anyOf` (`{"type": "object", "properties": {...}, "oneOf":
   [{"required": ["radius"]}, ...]}`, Glaive-style tool schemas): the grammar is the branches'
@@ -17,6 +17,9 @@ the original admits, and the other way round:
   (A ∧ oneOf(B₁…Bₙ) ≡ oneOf(A∧B₁ … A∧Bₙ); the same for `anyOf`), merged into the branch where
   the merge keeps the meaning (`merge`), else as `allOf: [A, Bᵢ]` (which llguidance serves
   exactly; a replica with xgrammar alone then falls back to the schema as written);
+- `split_by_discriminator`: an `allOf` of `if: {properties: {key: {const: v}}}, then: T` on a
+  key the object requires and lists the values of (JSON Schema Store's discriminated unions,
+  which the engines serve without the conditionals) becomes an `anyOf` of one branch per value;
 - `split_by_type`: a node without `type` whose string or number keywords the engines ignore
   becomes an `anyOf` of one branch per type family its keywords bind, with those keywords and
   the `type`, and one branch of the types none of them binds (a pattern that can never match
@@ -175,6 +178,65 @@ def split_by_type(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return kept
 
 
+def _discriminator(member: Any) -> Optional[Tuple[str, str]]:
+    """(key, value) of an `allOf` member `{"if": {"properties": {key: {"const": value}}}, "then":
+    ...}` (a `required: [key]` in the `if` allowed, annotations anywhere), else None."""
+    if not isinstance(member, dict) or "else" in member or not isinstance(member.get("then"), (dict, bool)) \
+            or set(member) & ASSERTIONS != {"if", "then"}:
+        return None
+    test = member.get("if")
+    if not isinstance(test, dict) or set(test) & ASSERTIONS - {"properties", "required"}:
+        return None
+    properties = test.get("properties")
+    if not isinstance(properties, dict) or len(properties) != 1:
+        return None
+    (key, sub), = properties.items()
+    if test.get("required", [key]) != [key] or not isinstance(sub, dict) or set(sub) & ASSERTIONS != {"const"}:
+        return None
+    return (key, sub["const"]) if isinstance(sub["const"], str) else None
+
+
+def split_by_discriminator(node: Dict[str, Any], root: Any) -> Optional[Dict[str, Any]]:
+    """`node` with an `allOf` of `if: {properties: {key: {const: v}}}, then: T` conditionals on
+    one key it requires, whose values its own `key` property lists (an `enum` of strings, maybe
+    behind a local `$ref`), as an `anyOf` with one branch per listed value: the value as a
+    `const` with every `then` whose `if` names it (JSON Schema Store's discriminated unions,
+    which the engines serve without the conditionals). An object whose key has value v
+    satisfies exactly the conditionals on v, so the two agree on every instance; None where
+    the shape differs."""
+    members = node.get("allOf")
+    if node.get("type") != "object" or not isinstance(members, list) or not members or "anyOf" in node \
+            or "oneOf" in node:
+        return None
+    found = [_discriminator(m) for m in members]
+    if any(f is None for f in found) or len({key for key, _ in found}) != 1:
+        return None
+    key = found[0][0]
+    declared = (node.get("properties") or {}).get(key) if isinstance(node.get("properties"), dict) else None
+    if isinstance(declared, dict) and isinstance(declared.get("$ref"), str):
+        from gpustack_dspark.worker.request_limits import ref_target
+
+        declared = ref_target(root, declared["$ref"])
+    values = declared.get("enum") if isinstance(declared, dict) else None
+    if key not in (node.get("required") or []) or not isinstance(values, list) or not values \
+            or not all(isinstance(v, str) for v in values) or len(values) > 64:
+        return None
+    branches = []
+    for value in dict.fromkeys(values):
+        branch: Any = {"properties": {key: {"const": value}}}
+        for (_, wanted), member in zip(found, members):
+            if wanted == value:
+                merged = merge(branch, member["then"])
+                branch = merged if merged is not None else {"allOf": [branch, member["then"]]}
+        if branch is not False:
+            branches.append(branch)
+    if not branches:
+        return None
+    kept = {k: v for k, v in node.items() if k != "allOf"}
+    kept["anyOf"] = branches
+    return kept
+
+
 def normalized(schema: Any) -> Tuple[Any, List[str]]:
     """`schema` with `distribute` and `split_by_type` applied at every subschema (a new object
     where something changed; the input is never modified), and where (JSON pointers), empty
@@ -200,6 +262,10 @@ def normalized(schema: Any) -> Tuple[Any, List[str]]:
         if split is not None:
             notes.append(f"{where or '/'}: keywords without a type split by the type they bind")
             return split
+        cases = split_by_discriminator(out, schema)
+        if cases is not None:
+            notes.append(f"{where or '/'}: if/then conditionals on a required key as one branch per value")
+            out = cases
         spread = distribute(out)
         if spread is not None:
             key = "oneOf" if "oneOf" in spread else "anyOf"
@@ -207,6 +273,9 @@ def normalized(schema: Any) -> Tuple[Any, List[str]]:
             # A merged branch may hold keywords beside a combinator of its own, or untyped ones.
             spread[key] = [walk(b, f"{where}/{key}/{i}") for i, b in enumerate(spread[key])]
             return spread
+        if cases is not None:
+            out["anyOf"] = [walk(b, f"{where}/anyOf/{i}") for i, b in enumerate(out["anyOf"])]
+            return out
         return node if all(out[k] is node[k] for k in node) else out
 
     result = walk(schema, "")

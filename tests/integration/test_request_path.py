@@ -367,8 +367,8 @@ def test_a_withheld_reply_gets_one_more_attempt_with_the_other_engine(stack):
 # The three shapes the grammar engines read wider than JSON Schema (worker/normalize.py and the
 # narrowed retry), in schemas of our own: keywords beside a oneOf of required-only branches, a
 # string's keywords without a type whose pattern no string of that length matches (so a valid
-# reply there is not a string), and a oneOf whose branches overlap (an object with neither key,
-# or with a string "phone", satisfies both).
+# reply there is not a string), if/then conditionals on a required key, and a oneOf whose
+# branches overlap (an object with neither key, or with a string "phone", satisfies both).
 SHAPES = {
     "siblings beside oneOf": {
         "type": "object", "required": ["zone"],
@@ -379,6 +379,14 @@ SHAPES = {
         "type": "object", "required": ["code", "tag"], "additionalProperties": False,
         "properties": {"code": {"minLength": 4, "maxLength": 4, "pattern": "^[A-Z]{6}$"},
                        "tag": {"minLength": 2, "maxLength": 8, "pattern": "^[a-z]+$"}}},
+    "if/then on a required key": {
+        "definitions": {"kind": {"type": "string", "enum": ["note", "input"]}},
+        "type": "object", "required": ["kind"], "properties": {"kind": {"$ref": "#/definitions/kind"}},
+        "allOf": [{"if": {"properties": {"kind": {"const": kind}}},
+                   "then": {"type": "object", "required": ["kind", field], "additionalProperties": False,
+                            "properties": {"kind": {"$ref": "#/definitions/kind"}, field: {"type": "string",
+                                                                                            "maxLength": 24}}}}
+                  for kind, field in (("note", "text"), ("input", "label"))]},
     "overlapping oneOf": {
         "type": "object", "required": ["contact"],
         "properties": {"contact": {"type": "object", "oneOf": [

@@ -1,10 +1,11 @@
 """The schema shapes the grammar engines read wider than JSON Schema, served by what the
-compiled grammar lets through: keywords beside `oneOf`/`anyOf`, keywords without a `type`, and
-the narrowed retry after a reply that satisfied two `oneOf` branches (worker/normalize.py,
-schema_check.narrowed_schema). Checked with the real compilers of the worker's venv against the
-fixture's vocabulary, token by token: what the plan the request path makes admits, and, beside
-it, what the grammar it replaces admits (the schema as written compiled by xgrammar; for a
-retry, the first attempt's grammar), which lets through a reply no valid one is. The whole path through a replica is in test_request_path.py."""
+compiled grammar lets through: keywords beside `oneOf`/`anyOf`, keywords without a `type`,
+`if`/`then` conditionals on a required key (worker/normalize.py), and the narrowed retry after a
+reply that satisfied two `oneOf` branches (schema_check.narrowed_schema). Checked with the real
+compilers of the worker's venv against the fixture's vocabulary, token by token: what the plan
+the request path makes admits, and, beside it, what the grammar it replaces admits (the plan
+made without normalize.py; for a retry, the first attempt's grammar), which lets through a reply
+no valid one is. The whole path through a replica is in test_request_path.py."""
 
 import json
 import subprocess
@@ -18,6 +19,17 @@ pytestmark = pytest.mark.integration
 AREA = {"type": "object", "properties": {k: {"type": "number"} for k in ("radius", "length", "width", "base", "height")},
         "oneOf": [{"required": ["radius"]}, {"required": ["length", "width"]}, {"required": ["base", "height"]}]}
 PETS = {"type": "object", "oneOf": [{"properties": {"dog": {"type": "string"}}}, {"properties": {"cat": {"type": "string"}}}]}
+FORM = {  # a discriminated union of if/then conditionals, as JSON Schema Store writes them
+    "definitions": {"kind": {"type": "string", "enum": ["note", "input", "choice"]}},
+    "type": "object", "required": ["kind"], "properties": {"kind": {"$ref": "#/definitions/kind"}},
+    "allOf": [
+        {"if": {"properties": {"kind": {"const": "note"}}},
+         "then": {"type": "object", "required": ["kind", "text"], "additionalProperties": False,
+                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "text": {"type": "string"}}}},
+        {"if": {"properties": {"kind": {"const": "input"}}, "required": ["kind"]},
+         "then": {"type": "object", "required": ["kind", "label"], "additionalProperties": False,
+                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "label": {"type": "string"},
+                                 "optional": {"type": "boolean"}}}}]}
 CASES = {
     # name: (schema, the first reply that broke a oneOf or None for the first attempt, {text: admitted})
     "oneOf beside siblings": (AREA, None, {'{"dimensions":19.65}': False, '{"radius":"a"}': False, "5": False,
@@ -29,6 +41,9 @@ CASES = {
                                        {'" send "': False, '"abcdefghij"': True, "1": True, "null": True}),
     "number keywords without a type": ({"minimum": 5}, None, {"1": False, "7": True, '"a"': True}),
     "overlapping oneOf, narrowed": (PETS, '{"cat":"x"}', {'{"cat":"x"}': False, '{"cat":1}': True, "{}": False}),
+    "if/then conditionals on a required key": (FORM, None, {
+        '{"kind":"note","text":"a"}': True, '{"kind":"note","text":"a","label":"b"}': False, '{"kind":"input"}': False,
+        '{"kind":"choice"}': True, '{"kind":"input","label":"x","optional":true}': True}),
     "required-only oneOf, narrowed": (AREA, '{"radius":1,"length":2,"width":3}',
                                       {'{"radius":1,"length":2,"width":3}': False, '{"radius":1,"base":3}': False,
                                        '{"radius":1}': True, '{"radius":1,"width":3}': True}),
@@ -38,7 +53,7 @@ SCRIPT = r"""
 import json, sys
 import llguidance, xgrammar
 from transformers import AutoTokenizer
-from gpustack_dspark.worker import schema_check as sc
+from gpustack_dspark.worker import normalize, schema_check as sc
 
 model, cases = sys.argv[1], json.loads(sys.argv[2])
 sc.use_model_tokenizer(model, None)
@@ -58,15 +73,23 @@ def admits(engine, schema, text):
     matcher = xgrammar.GrammarMatcher(compiled)
     return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(tokenizer.eos_token_id)
 
+def as_written(schema):  # the plan the request path made before normalize.py
+    said = normalize.normalized
+    normalize.normalized = lambda s: (s, [])
+    try:
+        return sc.plan_engine(schema, engines)
+    finally:
+        normalize.normalized = said
+
 out = {}
 for name, (schema, reply, texts) in cases.items():
     first = sc.plan_engine(schema, engines)
     plan = sc.narrowed_plan(schema, reply, engines) if reply else first
+    before = first if reply else as_written(schema)
     out[name] = {"engine": plan.engine, "problem": plan.problem, "dropped": plan.dropped,
                  "normalized": plan.normalized,
                  "planned": {t: admits(plan.engine, plan.grammar_schema, t) for t in texts},
-                 "before": {t: admits(first.engine, first.grammar_schema, t) if reply else
-                            admits("xgrammar", schema, t) for t in texts}}
+                 "before": {t: admits(before.engine, before.grammar_schema, t) for t in texts}}
 print(json.dumps(out))
 """
 
@@ -82,8 +105,8 @@ def test_the_planned_grammars_admit_what_the_schema_admits_where_xgrammar_as_wri
         assert got["problem"] is None and got["planned"] == expected, (name, got)
         if reply is None:
             assert got["normalized"] and not got["dropped"], (name, got)  # exact: said again, nothing dropped
-    # What these plans replace admits a reply no valid one is: xgrammar on the schema as written
-    # (first attempts), the first attempt's grammar (narrowed retries).
+    # What these plans replace admits a reply no valid one is: the plan made without
+    # normalize.py (first attempts), the first attempt's grammar (narrowed retries).
     wider = [name for name, (_, _, expected) in CASES.items()
              if any(found[name]["before"][t] and not ok for t, ok in expected.items())]
     assert len(wider) == len(CASES), wider

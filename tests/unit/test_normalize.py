@@ -170,3 +170,40 @@ def test_the_narrowed_retry_admits_only_replies_that_satisfy_exactly_one_branch(
             admitted += 1
             assert original.is_valid(instance), instance
     assert admitted >= 20
+
+
+FORM_ITEM = {  # JSON Schema Store's discriminated union of if/then conditionals (github-issue-forms' shape)
+    "definitions": {"kind": {"type": "string", "enum": ["note", "input", "choice"]}},
+    "type": "object", "required": ["kind"], "properties": {"kind": {"$ref": "#/definitions/kind"}},
+    "allOf": [
+        {"if": {"properties": {"kind": {"const": "note"}}},
+         "then": {"type": "object", "required": ["kind", "text"], "additionalProperties": False,
+                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "text": {"type": "string"}}}},
+        {"if": {"properties": {"kind": {"const": "input"}}, "required": ["kind"]},
+         "then": {"type": "object", "required": ["kind", "label"], "additionalProperties": False,
+                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "label": {"type": "string"},
+                                 "optional": {"type": "boolean"}}}},
+    ]}
+
+
+def test_if_then_conditionals_on_a_required_key_become_one_branch_per_value():
+    said, notes = normalize.normalized(FORM_ITEM)
+    assert notes[0] == "/: if/then conditionals on a required key as one branch per value"
+    assert "allOf" not in said and len(said["anyOf"]) == 3  # note, input, and choice (no conditional)
+    keys = ("kind", "text", "label", "optional")
+    rng = random.Random(5)
+    before, after = jsonschema.Draft7Validator(FORM_ITEM), jsonschema.Draft7Validator(said)
+    verdicts = {True: 0, False: 0}
+    for _ in range(4000):
+        instance = random_instance(rng, keys=keys)
+        if isinstance(instance, dict) and rng.random() < 0.8:
+            instance["kind"] = rng.choice(["note", "input", "choice", "other"])
+        verdict = before.is_valid(instance)
+        verdicts[verdict] += 1
+        assert after.is_valid(instance) == verdict, (instance, said)
+    assert min(verdicts.values()) >= 100, verdicts
+    # Not this shape: an else, a key not required, values not listed.
+    for changed in ({**FORM_ITEM, "allOf": [{**FORM_ITEM["allOf"][0], "else": {"required": ["label"]}}]},
+                    {**FORM_ITEM, "required": []},
+                    {**FORM_ITEM, "properties": {"kind": {"type": "string"}}}):
+        assert normalize.split_by_discriminator(changed, changed) is None
