@@ -239,6 +239,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--only", choices=[c[0] for c in CONFIGS], action="append",
                         help="run only this configuration (repeatable)")
+    parser.add_argument("--match", action="append", default=[],
+                        help="only schemas whose split/name contains this text (repeatable)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature (default 0; the sampled property test: 1)")
     parser.add_argument("--samples", type=int, default=1, help="requests per schema, each with its own seed")
@@ -254,6 +256,8 @@ def main() -> None:
     from gpustack_dspark.devstack.postgres import start_postgres
 
     paths = bench_paths(args.bench, args.limit, args.per_split)
+    if args.match:
+        paths = [p for p in paths if any(m in f"{p.parent.name}/{p.stem}" for m in args.match)]
     if not paths:
         raise SystemExit(f"no schemas under {args.bench}")
     base = Path(tempfile.mkdtemp(prefix="dspark-schema-bench-"))
