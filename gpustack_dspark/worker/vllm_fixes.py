@@ -287,9 +287,10 @@ def divergent_requests(output_token_ids, num_draft_tokens, cu_num_draft_tokens, 
     return out
 
 
-def _checking_rejections(original):
+def _checking_rejections(original, greedy: float, placeholder: int):
     """`rejection_sample` that checks, after each verify step, that the positions vLLM's kernel
-    rejected are the ones whose recovered tokens this fix drew (`divergent_requests`)."""
+    rejected are the ones whose recovered tokens this fix drew (`divergent_requests`; `greedy`
+    and `placeholder`: vLLM's GREEDY_TEMPERATURE and PLACEHOLDER_TOKEN_ID, resolved once)."""
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
         _rows_seen.value = None
@@ -297,10 +298,9 @@ def _checking_rejections(original):
                           target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
         seen, _rows_seen.value = _rows_seen.value, None
         if seen is not None and not sampling_metadata.all_greedy:
-            greedy = vllm_seam.resolve("GREEDY_TEMPERATURE")
             random_rows = (sampling_metadata.temperature != greedy).tolist()
             wrong = divergent_requests(output, num_draft_tokens, cu_num_draft_tokens, seen, random_rows,
-                                       vllm_seam.resolve("PLACEHOLDER_TOKEN_ID"))
+                                       placeholder)
             if wrong:
                 global divergences
                 divergences += 1
@@ -326,7 +326,9 @@ def _patch_recovered() -> None:
     module = importlib.import_module(vllm_seam.module_of("sample_recovered_tokens"))
     module.generate_uniform_probs = _noting_uniforms(module.generate_uniform_probs)
     module.sample_recovered_tokens = _fast_recovered_tokens
-    module.rejection_sample = _checking_rejections(vllm_seam.resolve("rejection_sample"))
+    module.rejection_sample = _checking_rejections(vllm_seam.resolve("rejection_sample"),
+                                                   vllm_seam.resolve("GREEDY_TEMPERATURE"),
+                                                   vllm_seam.resolve("PLACEHOLDER_TOKEN_ID"))
 
 
 FIXES = (
