@@ -257,9 +257,14 @@ def test_sampled_replies_follow_the_models_distribution_and_a_wrong_verifier_is_
     assert len(set(reference)) >= 6, sorted(set(reference))  # the model spreads over the reply space
     layer = same_distribution(replicas, "layer", reference)
     after = counters(replicas["layer"])
-    # The negative control is not confirmed: a control that moved nothing would pass only by a
-    # chance rejection, 1 run in 1,000.
-    wrong = exactness.two_sample(reference, sample(replicas["wrong"], WRONG_SAMPLES))
+    # The negative control gets one more look with more of its samples where the first was not
+    # enough (TV 0.40 at n = 80 over 32 outcomes came out at p 0.017 once): a control that moved
+    # nothing would still pass only by a chance rejection, about 2 runs in 1,000.
+    wrong_replies = sample(replicas["wrong"], WRONG_SAMPLES)
+    wrong = exactness.two_sample(reference, wrong_replies)
+    if wrong.p_value > EXACTNESS_ALPHA:
+        print(f"wrong: {wrong.line()} not rejected; a second look with more samples", flush=True)
+        wrong = exactness.two_sample(reference, wrong_replies + sample(replicas["wrong"], 2 * WRONG_SAMPLES))
     print("layer", lines(layer), "| wrong", wrong.line())
     assert exact(layer), ("layer, length 8", lines(layer))
     assert wrong.p_value <= EXACTNESS_ALPHA and wrong.tv > layer[0].tv, ("verified greedily", wrong.line())
