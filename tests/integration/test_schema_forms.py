@@ -13,23 +13,10 @@ import subprocess
 import pytest
 
 from gpustack_dspark.devstack.replica import TARGET_MODEL, worker_env, worker_python
+from tests.support.schema_shapes import AREA, FORM, PETS
 
 pytestmark = pytest.mark.integration
 
-AREA = {"type": "object", "properties": {k: {"type": "number"} for k in ("radius", "length", "width", "base", "height")},
-        "oneOf": [{"required": ["radius"]}, {"required": ["length", "width"]}, {"required": ["base", "height"]}]}
-PETS = {"type": "object", "oneOf": [{"properties": {"dog": {"type": "string"}}}, {"properties": {"cat": {"type": "string"}}}]}
-FORM = {  # a discriminated union of if/then conditionals, as JSON Schema Store writes them
-    "definitions": {"kind": {"type": "string", "enum": ["note", "input", "choice"]}},
-    "type": "object", "required": ["kind"], "properties": {"kind": {"$ref": "#/definitions/kind"}},
-    "allOf": [
-        {"if": {"properties": {"kind": {"const": "note"}}},
-         "then": {"type": "object", "required": ["kind", "text"], "additionalProperties": False,
-                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "text": {"type": "string"}}}},
-        {"if": {"properties": {"kind": {"const": "input"}}, "required": ["kind"]},
-         "then": {"type": "object", "required": ["kind", "label"], "additionalProperties": False,
-                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "label": {"type": "string"},
-                                 "optional": {"type": "boolean"}}}}]}
 CASES = {
     # name: (schema, the first reply that broke a oneOf or None for the first attempt, {text: admitted})
     "oneOf beside siblings": (AREA, None, {'{"dimensions":19.65}': False, '{"radius":"a"}': False, "5": False,

@@ -11,10 +11,8 @@ import pytest
 
 from gpustack_dspark.worker import normalize, one_of
 from gpustack_dspark.worker.schema_check import narrowed_schema
+from tests.support.schema_shapes import AREA, FORM, PETS
 
-AREA = {"type": "object", "properties": {k: {"type": "number"} for k in ("radius", "length", "width", "base", "height")},
-        "oneOf": [{"required": ["radius"]}, {"required": ["length", "width"]}, {"required": ["base", "height"]}]}
-PETS = {"type": "object", "oneOf": [{"properties": {"dog": {"type": "string"}}}, {"properties": {"cat": {"type": "string"}}}]}
 KEYS = ("a", "b", "c")
 
 
@@ -172,27 +170,13 @@ def test_the_narrowed_retry_admits_only_replies_that_satisfy_exactly_one_branch(
     assert admitted >= 20
 
 
-FORM_ITEM = {  # JSON Schema Store's discriminated union of if/then conditionals (github-issue-forms' shape)
-    "definitions": {"kind": {"type": "string", "enum": ["note", "input", "choice"]}},
-    "type": "object", "required": ["kind"], "properties": {"kind": {"$ref": "#/definitions/kind"}},
-    "allOf": [
-        {"if": {"properties": {"kind": {"const": "note"}}},
-         "then": {"type": "object", "required": ["kind", "text"], "additionalProperties": False,
-                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "text": {"type": "string"}}}},
-        {"if": {"properties": {"kind": {"const": "input"}}, "required": ["kind"]},
-         "then": {"type": "object", "required": ["kind", "label"], "additionalProperties": False,
-                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "label": {"type": "string"},
-                                 "optional": {"type": "boolean"}}}},
-    ]}
-
-
 def test_if_then_conditionals_on_a_required_key_become_one_branch_per_value():
-    said, notes = normalize.normalized(FORM_ITEM)
+    said, notes = normalize.normalized(FORM)
     assert notes[0] == "/: if/then conditionals on a required key as one branch per value"
     assert "allOf" not in said and len(said["anyOf"]) == 3  # note, input, and choice (no conditional)
     keys = ("kind", "text", "label", "optional")
     rng = random.Random(5)
-    before, after = jsonschema.Draft7Validator(FORM_ITEM), jsonschema.Draft7Validator(said)
+    before, after = jsonschema.Draft7Validator(FORM), jsonschema.Draft7Validator(said)
     verdicts = {True: 0, False: 0}
     for _ in range(4000):
         instance = random_instance(rng, keys=keys)
@@ -203,7 +187,7 @@ def test_if_then_conditionals_on_a_required_key_become_one_branch_per_value():
         assert after.is_valid(instance) == verdict, (instance, said)
     assert min(verdicts.values()) >= 100, verdicts
     # Not this shape: an else, a key not required, values not listed.
-    for changed in ({**FORM_ITEM, "allOf": [{**FORM_ITEM["allOf"][0], "else": {"required": ["label"]}}]},
-                    {**FORM_ITEM, "required": []},
-                    {**FORM_ITEM, "properties": {"kind": {"type": "string"}}}):
+    for changed in ({**FORM, "allOf": [{**FORM["allOf"][0], "else": {"required": ["label"]}}]},
+                    {**FORM, "required": []},
+                    {**FORM, "properties": {"kind": {"type": "string"}}}):
         assert normalize.split_by_discriminator(changed, changed) is None
