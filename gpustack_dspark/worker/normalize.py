@@ -1,16 +1,18 @@
 """A schema said again in the forms the grammar engines read as JSON Schema does (pure).
 
-Why: vLLM 0.32's xgrammar serves two common shapes of real-world schemas with a grammar wider
+Why: vLLM 0.32's grammar engines serve three shapes of real-world schemas with a grammar wider
 than the schema, so the model may write a reply the reply check then withholds although valid
-replies exist (three shapes; a fourth, `if`/`then`, the engines do not read at all):
+replies exist:
 
 - keywords beside `oneOf`/`anyOf` (`{"type": "object", "properties": {...}, "oneOf":
-  [{"required": ["radius"]}, ...]}`, Glaive-style tool schemas): the grammar is the branches'
-  alone, and a `required`-only branch admits any value;
+  [{"required": ["radius"]}, ...]}`, Glaive-style tool schemas): xgrammar's grammar is the
+  branches' alone, and a `required`-only branch admits any value;
 - keywords that bind one type, written without `type` (`{"minLength": 10, "pattern": ...}`,
-  `{"minimum": 5}`): the grammar admits any value and ignores them.
+  `{"minimum": 5}`): xgrammar admits any value and ignores them;
+- `if`/`then` conditionals: xgrammar does not compile them, llguidance serves them leniently,
+  without the conditionals.
 
-`normalized` rewrites both into equivalent forms — every document the rewritten schema admits,
+`normalized` rewrites them into equivalent forms — every document the rewritten schema admits,
 the original admits, and the other way round:
 
 - `distribute`: the keywords beside a `oneOf` (else an `anyOf`) move into each branch
