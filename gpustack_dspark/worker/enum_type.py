@@ -51,10 +51,6 @@ def _declared_types(node: Dict[str, Any]) -> Optional[List[str]]:
     return None
 
 
-def _values(node: Dict[str, Any]) -> Optional[List[Any]]:
-    if "const" in node:
-        return [node["const"]]
-    return list(node["enum"]) if isinstance(node.get("enum"), list) else None
 
 
 def admitted(node: Any, checker: Any = None) -> Optional[List[Any]]:
@@ -63,7 +59,7 @@ def admitted(node: Any, checker: Any = None) -> Optional[List[Any]]:
     (no enum, no type, or every value of the type)."""
     if not isinstance(node, dict):
         return None
-    values, types = _values(node), _declared_types(node)
+    values, types = one_of.values_of(node), _declared_types(node)
     if values is None or types is None:
         return None
     checker = checker or _checker({})
@@ -110,7 +106,7 @@ def unsatisfiable(schema: Any) -> Optional[str]:
     checker = _checker(schema)
     for node, where in one_of.reached(schema):
         if admitted(node, checker) == []:
-            values = _values(node) or []
+            values = one_of.values_of(node) or []
             shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
             return (f"no document satisfies the schema: at {where}, {'const' if 'const' in node else 'enum'} "
                     f"[{shown}] has no value of type {node['type']!r}, and both must hold")

@@ -170,7 +170,8 @@ def rewrite(schema: Any) -> Tuple[Any, List[str]]:
     return out, notes
 
 
-def _values(node: Any) -> Optional[List[Any]]:
+def values_of(node: Any) -> Optional[List[Any]]:
+    """A node's `const` (as one value) or `enum` values, None without either."""
     if not isinstance(node, dict):
         return None
     if "const" in node:
@@ -206,7 +207,7 @@ def exclusive(a: Any, b: Any) -> bool:
         if isinstance(a.get("required"), list) and isinstance(b.get("required"), list) else set()
     props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
     for key in both:
-        va, vb = _values(props_a.get(key)), _values(props_b.get(key))
+        va, vb = values_of(props_a.get(key)), values_of(props_b.get(key))
         if va is not None and vb is not None and not any(x == y and type(x) is type(y) for x in va for y in vb):
             return True
     for one, other in ((a, b), (b, a)):
@@ -240,7 +241,7 @@ def failing_beside(other: Any, chosen: Any) -> Optional[Dict[str, Any]]:
                 continue
             if key in mine:
                 here, there = _type_set(mine[key]), _type_set(failing)
-                if here is None or there is None or not here & there or _values(mine[key]) is not None:
+                if here is None or there is None or not here & there or values_of(mine[key]) is not None:
                     continue
             return {"type": "object", "required": [key], "properties": {key: failing}}
     theirs = _type_set(other)
