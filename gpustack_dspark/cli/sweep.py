@@ -187,6 +187,7 @@ def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
 
     def measure(setting: sweep.Setting, base_url: str, served: Optional[str]) -> None:
         for level in checked["levels"]:
+            ctrl_c.check()
             bench = Settings(concurrency=level, requests=args.requests, duration_s=None, stream=True,
                              warmup=args.warmup, timeout_s=args.timeout, body=fresh(len(rows)), check=check,
                              progress=progress)
@@ -211,6 +212,7 @@ def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
         else:
             out.mkdir(parents=True, exist_ok=True)
             for index, setting in enumerate(settings, start=1):
+                ctrl_c.check()
                 print(f"[{index}/{len(settings)}] {setting.label}: starting a scratch replica", file=sys.stderr)
                 replica = None
                 try:
@@ -223,11 +225,13 @@ def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
                     except (RuntimeError, TimeoutError) as e:
                         raise CLIError(f"{setting.label}: the scratch replica did not start: {str(e).splitlines()[0]} "
                                        f"(log: {out / f'replica-{index}.log'})") from None
+                    ctrl_c.check()
                     measure(setting, replica.base_url, None)
                 finally:
                     if replica is not None:
                         with ctrl_c.deferred():  # a second Ctrl-C does not leave it running
                             replica.stop()
+        ctrl_c.check()  # one noted where it could not be raised: the sweep still ends "interrupted"
     except KeyboardInterrupt:
         with ctrl_c.quiet():
             print("gpustack-dspark sweep: interrupted" + (f"; measured so far: {out / 'sweep.csv'}" if rows else ""),

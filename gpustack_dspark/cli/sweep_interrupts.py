@@ -19,13 +19,19 @@ back-to-back `asyncio.run` calls and one SIGINT at a random moment: 3 CancelledE
 - while `run(function, ...)`'s task runs, the first Ctrl-C cancels that task (its `async with` blocks
   close their connections), and later ones change nothing. `run` then raises
   KeyboardInterrupt, whatever the task did with the cancellation.
+- in a finalizer (`__del__`, a weakref callback: Python runs them wherever a collection
+  happens), it is noted and never raised: a KeyboardInterrupt there is printed as "Exception
+  ignored" and lost, and the sweep would go on. `check()` raises a noted one; the sweep calls it
+  between its steps, so any Ctrl-C ends the sweep.
 No asyncio internals are touched: `asyncio.Runner` installs its own handler only when SIGINT
 has Python's default one, and here it has ours.
 """
 
+import _weakrefset
 import asyncio
 import signal
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Coroutine, Iterator, Optional, Tuple
 
@@ -50,7 +56,15 @@ class CtrlC:
                 task.cancel()
                 loop.call_soon_threadsafe(_wake)  # the loop may sleep in select()
             return
+        if _in_finalizer(frame):
+            return  # a raise here would be swallowed: `check()` raises it
         raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raises KeyboardInterrupt if there was a Ctrl-C: any Ctrl-C ends the sweep, including
+        one noted where it could not be raised."""
+        if self.count:
+            raise KeyboardInterrupt
 
     @contextmanager
     def installed(self) -> Iterator["CtrlC"]:
@@ -122,6 +136,19 @@ class CtrlC:
         if self.count != seen:
             raise KeyboardInterrupt
         return result
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether `frame` runs inside a finalizer, where an exception is printed and dropped."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_WEAKREF_FILES = (weakref.__file__, _weakrefset.__file__)  # weakref.finalize, WeakSet callbacks
 
 
 def _wake() -> None:

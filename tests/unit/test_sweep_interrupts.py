@@ -107,3 +107,44 @@ def test_a_run_without_ctrl_c_returns_or_raises_what_the_task_did():
         assert ctrl_c.run(_cell, []) == "measured"
         with pytest.raises(ValueError, match="own error"):
             ctrl_c.run(fails)
+
+
+class _Finalized:
+    def __init__(self, where):
+        self.where = where
+
+    def __del__(self):
+        signal.raise_signal(SIGINT_IN_FINALIZER)
+        self.where.append("the finalizer went on")
+
+
+class _Plain:
+    pass
+
+
+SIGINT_IN_FINALIZER = signal.SIGINT
+
+
+def test_a_ctrl_c_inside_a_finalizer_is_noted_not_lost_and_check_raises_it():
+    """The clean-clone CI's failure: a collection ran a `__del__` just as the Ctrl-C came; the
+    KeyboardInterrupt raised there was printed as "Exception ignored" and the sweep went on to
+    exit 0. Now the handler notes it there and the sweep's next `check()` raises it."""
+    import weakref
+
+    ctrl_c = CtrlC()
+    where = []
+    unraisable = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.err_msg}")
+    try:
+        with ctrl_c.installed():
+            ctrl_c.check()  # no Ctrl-C yet: nothing
+            _Finalized(where)  # collected at once: its __del__ gets the SIGINT
+            weakref.finalize(_Plain(), signal.raise_signal, signal.SIGINT)  # a weakref.finalize callback
+            gc.collect()
+            assert where == ["the finalizer went on"] and unraisable == [], (where, unraisable)
+            assert ctrl_c.count == 2
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c.check()
+    finally:
+        sys.unraisablehook = previous_hook
