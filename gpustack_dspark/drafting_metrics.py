@@ -28,6 +28,12 @@ METRICS = (
     ("dspark_draft_verifier_rows_total",
      "The verifier's distributions at sampled draft positions, averaged per context into the next drafts' q",
      "verifier_rows"),
+    *((f"dspark_draft_{source}_tokens_{what}_total", f"Statistical and sampled draft tokens {what}: {says}"
+       + (" (the first one rejected)" if what == "rejected" else ""), f"{source}_{what}")
+      for source, says in (("prompt", "seen in the request's prompt"), ("reply", "seen earlier in the same reply"),
+                           ("history", "seen in recent replies on this replica"),
+                           ("learned", "in no index, drawn from the verifier's rows"))
+      for what in ("proposed", "accepted", "rejected")),
     ("dspark_draft_base_tokens_proposed_total", "Draft tokens of vLLM's own drafter passed through",
      "base_proposed"),
     ("dspark_draft_base_tokens_accepted_total", "Draft tokens of vLLM's own drafter accepted", "base_accepted"),

@@ -177,7 +177,7 @@ def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurren
     def layer_counts() -> Dict[str, int]:  # the layer's own counters (absent without the layer)
         counters = (httpx.get(f"{base_url}/dspark/info", timeout=10).json().get("drafting") or {}).get("counters") or {}
         out = {f"{kind}_{what}": counters.get(f"{kind}_{what}", 0)
-               for kind in ("forced", "sampled") for what in ("accepted", "rejected", "proposed")}
+               for kind in ("forced", "spelled", "sampled", "base") + SOURCES for what in ("accepted", "rejected", "proposed")}
         return {**out, "layer_us": counters.get("layer_us", 0), "step_us": counters.get("step_us", 0)}
 
     text_before, layer_before = metric_text(), layer_counts()
@@ -198,7 +198,12 @@ def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurren
     sampled_reached = layer["sampled_accepted"] + layer["sampled_rejected"]
     accepted = spec["accepted"]
     tokens = stats.output_tokens
-    return {"tok_s": stats.tokens_per_s, "p50_ms": stats.latency_percentile(50) * 1000,
+    # Per source (report_sources): the draft tokens kept, and those the verifier reached.
+    parts = {"grammar": ("forced", "spelled"), "base": ("base",), **{source: (source,) for source in SOURCES}}
+    by_source = {f"{what}_{source}": sum(layer[f"{kind}_accepted"] + (layer[f"{kind}_rejected"] if what == "reached" else 0)
+                                         for kind in kinds)
+                 for source, kinds in parts.items() for what in ("kept", "reached")}
+    return {**by_source, "tok_s": stats.tokens_per_s, "p50_ms": stats.latency_percentile(50) * 1000,
             "p99_ms": stats.latency_percentile(99) * 1000,
             "acceptance": spec["acceptance_rate"],
             "forced_acceptance": layer["forced_accepted"] / reached if reached else math.nan,
@@ -217,7 +222,10 @@ def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurren
             "failed": len(stats.results) - len(stats.ok), **fields}
 
 
-SUMMED = ("format_errors", "truncated", "failed", "fields_right", "fields_total", "stopped")
+SOURCES = ("prompt", "reply", "history", "learned")  # ngram_index.SOURCES: where a statistical token came from
+SOURCE_COLUMNS = ("grammar",) + SOURCES + ("base",)
+SUMMED = ("format_errors", "truncated", "failed", "fields_right", "fields_total", "stopped",
+          *(f"{what}_{source}" for what in ("kept", "reached") for source in SOURCE_COLUMNS))
 
 
 def combined(rounds: List[Dict[str, float]], base_rounds: List[Dict[str, float]]) -> Dict[str, float]:
@@ -256,6 +264,26 @@ def report(workload: str, rows: List[Tuple[str, Dict[str, float]]]) -> None:
               + f"{f['p50_ms']:9.0f}{f['p99_ms']:9.0f}{acc:>8}{forced:>8}{sampled:>13}"
               f"{f['tokens_per_forward']:9.2f}{layer_share:>8}{split:>19}{f['format_errors'] + f['failed']:8d}"
               f"{f['truncated']:5d}{fields_right(f):>14}")
+
+
+def report_sources(rows: List[Tuple[str, Dict[str, float]]]) -> None:
+    """Where the kept draft tokens came from, per variant: each source's share of them and, in
+    brackets, the share of its tokens the verifier reached that it kept. grammar: forced and
+    spelled tokens; prompt / reply / history: the n-gram index that saw the token (the request's
+    prompt, its reply so far, recent replies on the replica); learned: drawn from the verifier's
+    rows; base: vLLM's own drafter."""
+    rows = [(name, f) for name, f in rows if sum(f.get(f"kept_{s}", 0) for s in SOURCE_COLUMNS)]
+    if not rows:
+        return
+    print("  kept draft tokens by source: share of the kept (acceptance where reached)")
+    print(f"  {'variant':38}" + "".join(f"{s:>16}" for s in SOURCE_COLUMNS))
+    for name, f in rows:
+        total = sum(f.get(f"kept_{s}", 0) for s in SOURCE_COLUMNS)
+        cells = []
+        for s in SOURCE_COLUMNS:
+            kept, reached = f.get(f"kept_{s}", 0), f.get(f"reached_{s}", 0)
+            cells.append(f"{100 * kept / total:.0f}% ({kept / reached:.2f})" if reached else "-")
+        print(f"  {name:38}" + "".join(f"{c:>16}" for c in cells))
 
 
 def fields_right(f: Dict[str, float]) -> str:
@@ -329,7 +357,8 @@ def main(argv=None) -> None:
         b = requests(r, level, workload)
         figures = measure(replica.base_url, for_variant(name, b.bodies), b.schema, level, b.tasks)
         print(f"[{number}/{len(chosen)}{tag}] {name} / {workload} / c={level}: "
-              f"{json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr, flush=True)
+              f"{json.dumps({k: round(v, 3) for k, v in figures.items() if not k.startswith(('kept_', 'reached_'))})}",
+              file=sys.stderr, flush=True)
         return figures
 
     # The order of the arms rotates with the seed (across runs) and with the round (within one).
@@ -392,6 +421,7 @@ def main(argv=None) -> None:
           f"{', '.join(str((first + k) % len(chosen) + 1) for k in range(len(chosen)))} in the first round, rotating")
     for workload, rows in results.items():
         report(workload, rows)
+        report_sources(rows)
 
 
 if __name__ == "__main__":

@@ -70,10 +70,11 @@ def test_predict_prefers_longest_context_and_is_never_certain():
 
 
 def test_request_and_shared_histories_grow_and_evict():
-    history = RequestHistory(max_n=2)
+    history = RequestHistory(max_n=2, prompt_len=3)
     history.update([1, 2, 3])
     history.update([1, 2, 3, 1, 2])
-    assert history.indexed == 5 and history.index.table[(1, 2)] == {3: 1}
+    assert history.indexed == 5 and history.prompt.table[(1, 2)] == {3: 1}
+    assert history.reply.table[(3, 1)] == {2: 1} and (3, 1) not in history.prompt.table
     shared = SharedHistory(max_n=2, capacity=1)
     shared.add_output([4, 5, 6])
     shared.add_output([7, 8, 9])
@@ -191,3 +192,55 @@ def test_the_step_profile_splits_a_steps_time_and_counts_only_closed_steps():
     assert profile["ms_per_step"] == {"layer": 1.0, "draft_check": 0.0, "grammar_masks": 2.0,
                                       "vllm_scheduler": 0.0, "forward_and_rest": 7.0}
     assert profile["share"]["forward_and_rest"] == 0.7
+
+
+def test_the_prompt_and_reply_indexes_predict_as_one_index_of_all_the_tokens_did():
+    """Splitting the request's index in two (for the sources) changes no prediction: the counts
+    merged over prompt + reply are the counts of one index over all the tokens, whatever the
+    split point and however the tokens arrive."""
+    import random
+
+    from gpustack_dspark.worker.drafting.ngram_index import interpolated
+
+    rng = random.Random(7)
+    for _ in range(200):
+        tokens = [rng.randrange(6) for _ in range(rng.randrange(2, 40))]
+        prompt_len = rng.randrange(0, len(tokens) + 1)
+        whole = NgramIndex(max_n=3)
+        whole.add(tokens)
+        split = RequestHistory(max_n=3, prompt_len=prompt_len)
+        grown = 0
+        while grown < len(tokens):  # fed as a request grows: the prompt, then a few tokens a step
+            grown = max(prompt_len, grown + rng.randrange(1, 4)) if grown else max(prompt_len, 1)
+            split.update(tokens[:grown])
+        for n in range(1, 4):
+            context = [rng.randrange(6) for _ in range(n)]
+            assert predict(context, [whole]) == predict(context, [split.prompt, split.reply])
+            assert interpolated(context, [whole]) == interpolated(context, [split.prompt, split.reply])
+
+
+def test_a_drafted_tokens_source_is_the_index_that_saw_it_after_the_longest_context():
+    from gpustack_dspark.worker.drafting.ngram_index import LEARNED, source
+
+    prompt, reply, history = NgramIndex(3), NgramIndex(3), NgramIndex(3)
+    prompt.add([10, 11, 12, 13])   # the prompt: "... 11 12 13"
+    reply.add([11, 12, 14])        # the reply so far wrote 14 after "11 12" once
+    history.add([12, 14, 12, 14])  # earlier replies: 14 after 12 twice
+    named = (("prompt", prompt), ("reply", reply), ("history", history))
+    assert source([10, 11, 12], 13, named) == "prompt"  # the longest context that saw 13: the prompt's
+    assert source([9, 11, 12], 14, named) == "reply"  # (11, 12) -> 14: the reply only
+    assert source([9, 9, 12], 14, named) == "history"  # (12,) -> 14: history twice, reply never
+    assert source([9, 9, 12], 99, named) == LEARNED  # in no index
+    again = NgramIndex(3)
+    again.add([7, 12, 14, 12, 14])  # (12,) -> 14 twice, as in history: a tie goes to the first named
+    assert source([9, 9, 12], 14, (("history", history), ("reply", again))) == "history"
+    assert source([9, 9, 12], 14, (("reply", again), ("history", history))) == "reply"
+
+
+def test_the_counters_add_up_by_source():
+    from gpustack_dspark.worker.drafting.stats import DraftingCounters
+
+    counters = DraftingCounters(statistical_proposed=5, prompt_proposed=3, history_proposed=2, prompt_accepted=2,
+                                prompt_rejected=1)
+    summary = counters.summary()
+    assert summary["prompt_acceptance"] == round(2 / 3, 4) and summary["history_acceptance"] is None

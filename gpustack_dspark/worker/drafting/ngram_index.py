@@ -1,10 +1,11 @@
 """Frequency index of token n-grams: the statistical half of DSpark drafting. Pure Python.
 
-It answers "after these tokens, what came next, and how often?" from two sources: the
-request's own tokens (prompt + output so far, as prompt lookup does) and the outputs of
-recent requests (as suffix decoding does). The longest context that was seen wins; the
-estimate is count / (total + 1), so a continuation seen once is never "certain" — only
-grammar-forced tokens carry confidence 1.
+It answers "after these tokens, what came next, and how often?" from three indexes: the
+request's prompt (as prompt lookup does: an extraction's values are copied from it), its reply
+so far, and the outputs of recent requests (as suffix decoding does). Their counts are merged:
+the longest context that was seen wins; the estimate is count / (total + 1), so a continuation
+seen once is never "certain" — only grammar-forced tokens carry confidence 1. `source` says
+which index a drafted token came from (the acceptance-by-source counters).
 """
 
 import heapq
@@ -21,10 +22,10 @@ class NgramIndex:
         self.max_n = max_n
         self.table: Dict[Tuple[int, ...], Counts] = {}
 
-    def add(self, tokens: Sequence[int], start: int = 0, sign: int = 1) -> None:
-        """Count every (context → next) pair whose next token is at position >= start."""
+    def add(self, tokens: Sequence[int], start: int = 0, sign: int = 1, end: Optional[int] = None) -> None:
+        """Count every (context → next) pair whose next token is at a position in [start, end)."""
         table, max_n = self.table, self.max_n
-        for pos in range(max(start, 1), len(tokens)):
+        for pos in range(max(start, 1), len(tokens) if end is None else min(end, len(tokens))):
             nxt = tokens[pos]
             for n in range(1, min(max_n, pos) + 1):
                 key = tuple(tokens[pos - n:pos])
@@ -46,15 +47,22 @@ class NgramIndex:
 
 
 class RequestHistory:
-    """The request-local index, fed incrementally as the request's tokens grow."""
+    """The request-local indexes, fed incrementally as the request's tokens grow: the prompt's
+    pairs (next token among the first `prompt_len`) and the reply's (next token after them; its
+    context may reach into the prompt)."""
 
-    def __init__(self, max_n: int) -> None:
-        self.index = NgramIndex(max_n)
+    def __init__(self, max_n: int, prompt_len: int = 0) -> None:
+        self.prompt = NgramIndex(max_n)
+        self.reply = NgramIndex(max_n)
+        self.prompt_len = prompt_len
         self.indexed = 0
 
     def update(self, tokens: Sequence[int]) -> None:
         if len(tokens) > self.indexed:
-            self.index.add(tokens, start=self.indexed)
+            split = min(self.prompt_len, len(tokens))
+            if self.indexed < split:
+                self.prompt.add(tokens, start=self.indexed, end=split)
+            self.reply.add(tokens, start=max(self.indexed, split))
             self.indexed = len(tokens)
 
 
@@ -95,6 +103,28 @@ def _merged(key: Tuple[int, ...], indexes: Sequence[NgramIndex]) -> Counts:
             for token, count in counts.items():
                 merged[token] = merged.get(token, 0) + count
     return merged
+
+
+PROMPT, REPLY, HISTORY, LEARNED = "prompt", "reply", "history", "learned"
+SOURCES = (PROMPT, REPLY, HISTORY, LEARNED)
+
+
+def source(context: Sequence[int], token: int, named: Sequence[Tuple[str, NgramIndex]]) -> str:
+    """Which index a drafted `token` came from: the one that saw it most often after the longest
+    context any of them saw it after (ties: the first in `named`); LEARNED when none saw it
+    (a token drawn from the verifier's rows)."""
+    max_n = max((ix.max_n for _, ix in named), default=0)
+    for n in range(min(max_n, len(context)), 0, -1):
+        key = tuple(context[len(context) - n:])
+        best, most = None, 0
+        for name, ix in named:
+            counts = ix.table.get(key) if n <= ix.max_n else None
+            count = counts.get(token, 0) if counts else 0
+            if count > most:
+                best, most = name, count
+        if best is not None:
+            return best
+    return LEARNED
 
 
 def interpolated(context: Sequence[int], indexes: Sequence[NgramIndex], top: int = 24,

@@ -24,13 +24,15 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
 from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines, verifier_rows
-from gpustack_dspark.worker.drafting.ngram_index import RequestHistory, SharedHistory, interpolated, predict, tail
+from gpustack_dspark.worker.drafting.ngram_index import (HISTORY, PROMPT, REPLY, RequestHistory, SharedHistory,
+                                                        interpolated, predict, source, tail)
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
 
 # Under vLLM's logger tree: the engine-core process configures only vLLM's loggers.
 logger = logging.getLogger("vllm.dspark.drafting")
 
 MAX_N = 4
+NGRAM_KINDS = (draft_builder.STATISTICAL, draft_builder.SAMPLED)  # the kinds whose tokens have a source
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 ENCODE_CACHE_SIZE = 4096
 GRAMMARS_REMEMBERED = 1024  # structured-output keys counted as compiled (about xgrammar's cache)
@@ -65,6 +67,7 @@ class DraftingLayer:
         self.shared = SharedHistory(MAX_N, config.shared_history)
         self.histories: Dict[str, RequestHistory] = {}
         self.kinds: Dict[str, List[str]] = {}
+        self.sources: Dict[str, List[str]] = {}  # request id -> its last draft's tokens' sources
         self.confs: Dict[str, List[float]] = {}
         self.budget = budget_step.BudgetGlue(config.length) if config.budget else None
         self.clock = StepClock(self.counters)
@@ -142,10 +145,10 @@ class DraftingLayer:
                   length: Optional[int] = None) -> draft_builder.Draft:
         history = self.histories.get(request.request_id)
         if history is None:
-            history = self.histories[request.request_id] = RequestHistory(MAX_N)
+            history = self.histories[request.request_id] = RequestHistory(MAX_N, request.num_prompt_tokens)
         tokens = request.all_token_ids
         history.update(tokens)
-        indexes = (history.index, self.shared.index)
+        indexes = (history.prompt, history.reply, self.shared.index)
 
         def next_token(draft_so_far: List[int]):
             return predict(tail(tokens, draft_so_far, MAX_N), indexes)
@@ -173,6 +176,10 @@ class DraftingLayer:
         if (self.base_method == "draft_model" and base_draft
                 and (not draft.kinds or draft.kinds[0] != draft_builder.FORCED)):
             return draft_builder.Draft(list(base_draft)[:policy.length], ["base"] * len(base_draft[:policy.length]))
+        named = ((PROMPT, history.prompt), (REPLY, history.reply), (HISTORY, self.shared.index))
+        self.sources[request.request_id] = [
+            source(tail(tokens, draft.tokens[:position], MAX_N), token, named) if kind in NGRAM_KINDS else kind
+            for position, (token, kind) in enumerate(zip(draft.tokens, draft.kinds))]
         return draft
 
     def rng_for(self, request) -> random.Random:
@@ -188,6 +195,7 @@ class DraftingLayer:
 
     def record_verified(self, request_id: str, num_scheduled: int, num_generated: int) -> None:
         kinds = self.kinds.pop(request_id, None)
+        sources = self.sources.pop(request_id, None) or []
         confs = self.confs.pop(request_id, None) or []
         if num_generated > 0:
             self.counters.target_forward_passes += 1
@@ -202,11 +210,15 @@ class DraftingLayer:
         for position, kind in enumerate(kinds[:num_scheduled]):
             if kind == draft_builder.SAMPLED and position <= accepted and position < len(confs):
                 self.calibration.observe(confs[position] / scale, position < accepted)
-            _bump(counters, f"{kind}_proposed")
-            if position < accepted:
-                _bump(counters, f"{kind}_accepted")
-            elif position == accepted:
-                _bump(counters, f"{kind}_rejected")
+            names = [kind]
+            if kind in NGRAM_KINDS and position < len(sources):
+                names.append(sources[position])  # prompt, reply, history or learned
+            for name in names:
+                _bump(counters, f"{name}_proposed")
+                if position < accepted:
+                    _bump(counters, f"{name}_accepted")
+                elif position == accepted:
+                    _bump(counters, f"{name}_rejected")
 
     def learn(self, request, draft: Sequence[int], rows: Dict[int, verifier_rows.Row]) -> None:
         """The verifier's rows at `request`'s sampled positions of the step just verified (its
@@ -226,6 +238,7 @@ class DraftingLayer:
         self.scales.pop(rid, None)
         self.dists.pop(rid, None)
         self.kinds.pop(rid, None)
+        self.sources.pop(rid, None)
         self.confs.pop(rid, None)
         self.over_llguidance.discard(rid)
         if self.seen.pop(rid, False):

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 
 from gpustack_dspark import bounded
 from gpustack_dspark.drafting_metrics import BUDGET_GAUGES, METRICS
+from gpustack_dspark.worker.drafting.ngram_index import SOURCES
 
 STATS_FILE_ENV = "DSPARK_DRAFTING_STATS_FILE"
 WRITE_INTERVAL_S = 0.5
@@ -36,6 +37,19 @@ class DraftingCounters:
     sampled_accepted: int = 0
     sampled_rejected: int = 0
     verifier_rows: int = 0          # the verifier's distributions at sampled positions, learned as q
+    # The statistical and sampled tokens again, by the index they came from (ngram_index.source):
+    prompt_proposed: int = 0        # seen in the request's prompt (a value copied from it)
+    prompt_accepted: int = 0
+    prompt_rejected: int = 0
+    reply_proposed: int = 0         # seen earlier in the same reply
+    reply_accepted: int = 0
+    reply_rejected: int = 0
+    history_proposed: int = 0       # seen in recent requests' replies on this replica
+    history_accepted: int = 0
+    history_rejected: int = 0
+    learned_proposed: int = 0       # in no index: drawn from the verifier's rows
+    learned_accepted: int = 0
+    learned_rejected: int = 0
     base_proposed: int = 0          # vLLM's own drafter's tokens, passed through
     base_accepted: int = 0
     base_rejected: int = 0
@@ -91,7 +105,7 @@ class DraftingCounters:
         out: Dict[str, Any] = asdict(self)
         out["tokens_per_forward"] = self.tokens_per_forward()
         out["step_profile"] = self.step_profile()
-        for kind in ("forced", "spelled", "statistical", "sampled", "base"):
+        for kind in ("forced", "spelled", "statistical", "sampled", "base", *SOURCES):
             out[f"{kind}_acceptance"] = self.acceptance(kind)
         return out
 

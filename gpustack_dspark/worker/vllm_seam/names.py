@@ -99,6 +99,8 @@ INTERNALS: Tuple[Internal, ...] = (
     Internal("Request", "vllm.v1.request", members=("num_tokens",),
              instance=("spec_token_ids", "num_computed_tokens", "is_prefill_chunk"),
              used_by="drafting/budget_step.py: each request's draft and progress"),
+    Internal("Request", "vllm.v1.request", instance=("num_prompt_tokens",),
+             used_by="drafting/scheduler.py: where the prompt ends (its n-grams are the prompt's source)"),
     # --- serve.py: what the tool-call parser can constrain --------------------------------
     Internal("ToolParserManager", "vllm.tool_parsers", members=("get_tool_parser",),
              params=None, used_by="serve.structural_tag_format: a parser's structural-tag format "
