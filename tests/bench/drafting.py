@@ -18,6 +18,9 @@ only (the replica before both engines), and with every request's grammar held by
 (the `x-dspark-engine` annotation) — the default variant has both engines, xgrammar serving
 these schemas.
 
+Last of all, no speculation with the requests' response format left out: what constrained
+decoding does to accuracy (a reply that is not JSON scores no field).
+
 Figures per workload: output tok/s and its ratio to no speculation, P50/P99, acceptance,
 forced tokens' acceptance, sampled tokens (temperature > 0: their share of the draft tokens /
 the share kept), output tokens per target forward pass, the layer's own share of the
@@ -136,6 +139,8 @@ def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -
     # the verifier's rows, for side-by-side runs.
     out += [("forced + statistical, one-hot drafts", spec + [FORCED_STATISTICAL, *ONE_HOT_DRAFTS]),
             ("forced + statistical, counts-only draws", spec + [FORCED_STATISTICAL, *COUNTS_ONLY])]
+    # What constrained decoding does to accuracy: the same requests without their response format.
+    out += [(NO_GRAMMAR_VARIANT, [])]
     return out
 
 
@@ -149,10 +154,14 @@ COUNTS_ONLY = ["--additional-config", '{"dspark_drafting":{"verifier_rows":false
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
 LLGUIDANCE_VARIANT = "forced + statistical, llguidance for every request"
+NO_GRAMMAR_VARIANT = "no speculation, no grammar (the schema unsent)"
 
 
 def for_variant(name: str, bodies: List[Dict]) -> List[Dict]:
-    """The requests as a variant is sent them (the llguidance variant's carry the annotation)."""
+    """The requests as a variant is sent them (the llguidance variant's carry the annotation; the
+    no-grammar variant's have no response format: the model writes what it likes, scored as sent)."""
+    if name == NO_GRAMMAR_VARIANT:
+        return [{k: v for k, v in body.items() if k != "response_format"} for body in bodies]
     return on_llguidance(bodies) if name == LLGUIDANCE_VARIANT else bodies
 
 
