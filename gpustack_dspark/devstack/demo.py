@@ -261,17 +261,8 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
             out.phase("real model", lambda: "waiting for the conversion")
             model_file = with_real_model(model_file, conversion.result(), base)
         stack.deploy(model_file, timeout_s=1500)  # minutes on a busy 2-core machine
-        if real:
-            out.phase("benchmark", lambda: f"{EXTRACTION_REQUESTS} fresh extraction requests, "
-                                           f"{BENCH_CONCURRENCY} at a time")
-            say(f"[demo] benchmark: {EXTRACTION_REQUESTS} extraction requests no replica has seen, through "
-                "GPUStack's /v1, scored against the records they were written from")
-            say("[demo] benchmark: " + json.dumps(extraction_benchmark(stack, model)))
-        else:
-            out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
-            say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
-            say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
-        out.phase(None)
+        # Serving from here: the address, the login and the printed request (answered) come first,
+        # then the benchmark on the running replicas.
         say(f"[demo] phases (s): {json.dumps(stack.phases)}")
         say(f"GPUStack UI: {stack.server.url}/")
         say(f"Admin login: {ADMIN_USER} / {password}")
@@ -284,6 +275,18 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
             say(f"Try: curl -u {ADMIN_USER}:{password} {stack.server.url}/v1/chat/completions "
                 f"-H 'content-type: application/json' -d '{{\"model\": \"{model}\", "
                 f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
+        say("[demo] serving; the one-line benchmark follows")
+        if real:
+            out.phase("benchmark", lambda: f"{EXTRACTION_REQUESTS} fresh extraction requests, "
+                                           f"{BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {EXTRACTION_REQUESTS} extraction requests no replica has seen, through "
+                "GPUStack's /v1, scored against the records they were written from")
+            say("[demo] benchmark: " + json.dumps(extraction_benchmark(stack, model)))
+        else:
+            out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
+            say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
+        out.phase(None)
         say("[demo] serving; press Ctrl-C to stop and clean up")
         while True:
             time.sleep(1.0)
