@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gpustack_dspark import knobs
-from tests.conftest import admin_api
+from tests.conftest import admin_api, wait_for
 from tests.integration.browser_support import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, log_in
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,8 @@ def test_deploy_form_shows_a_bad_knob_inline_and_submit_is_refused(page, server,
     page.locator(".ant-select-item-option").filter(has_text="DSpark").first.click()
     page.get_by_text("Advanced", exact=True).last.click()
     page.get_by_text("Backend Parameters").wait_for()
-    field = next(f for f in page.locator("input").all() if f.input_value() == "--dspark-method=auto")
+    field = wait_for(lambda: _input_holding(page, "--dspark-method=auto"), 30,
+                     "the DSpark defaults in Backend Parameters")  # the form fills them a moment later
     field.fill("--dspark-method=bogus")
     page.locator("#deployModel_name").click()  # leave the field: the form re-checks
     expected = "--dspark-method: 'bogus' is not allowed; allowed: auto|dspark|mtp|suffix|ngram|draft_model|eagle3"
@@ -106,3 +107,16 @@ def test_deploy_form_shows_a_bad_knob_inline_and_submit_is_refused(page, server,
     finally:
         api.close()
 
+
+def _input_holding(page, value):
+    """The form's input that holds `value` now, or None (inputs the form re-renders meanwhile are
+    read again on the next look)."""
+    from playwright.sync_api import Error
+
+    for field in page.locator("input").all():
+        try:
+            if field.input_value(timeout=1_000) == value:
+                return field
+        except Error:
+            continue
+    return None

@@ -54,7 +54,10 @@ def _instances(api, model):
     return [i for i in api.items("/v2/model-instances") if i["model_id"] == model["id"]]
 
 
-def _placed(api, model, count=1, timeout_s=90):
+def _placed(api, model, count=1, timeout_s=200):
+    # GPUStack schedules an instance when it is created and then every 180 s (its scheduler's
+    # check interval): a worker its syncer marked UNREACHABLE at that moment (health checks time
+    # out on a loaded 2-core machine; seen in CI) leaves the instance pending until the next pass.
     return wait_for(lambda: (found := [i for i in _instances(api, model) if i["worker_id"]])
                     and len(found) >= count and found, timeout_s, f"{model['name']} to be placed")
 
