@@ -223,7 +223,8 @@ class Conversion(threading.Thread):
         return self.path
 
 
-def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progress, stopper: Stopper) -> int:
+def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progress, stopper: Stopper,
+             bench_requests: Optional[int] = None) -> int:
     # Short default path: the Podman API socket lives in it (unix paths stop at 108 bytes);
     model, replicas = model_name_and_replicas(model_file)
     base = state_dir or Path(tempfile.mkdtemp(prefix="gsd-demo-"))
@@ -277,15 +278,16 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
                 f"\"messages\": [{{\"role\": \"user\", \"content\": \"Create an order record for user 1234: buy 12.50.\"}}]}}'")
         say("[demo] serving; the one-line benchmark follows")
         if real:
-            out.phase("benchmark", lambda: f"{EXTRACTION_REQUESTS} fresh extraction requests, "
-                                           f"{BENCH_CONCURRENCY} at a time")
-            say(f"[demo] benchmark: {EXTRACTION_REQUESTS} extraction requests no replica has seen, through "
+            count = bench_requests or EXTRACTION_REQUESTS
+            out.phase("benchmark", lambda: f"{count} fresh extraction requests, {BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {count} extraction requests no replica has seen, through "
                 "GPUStack's /v1, scored against the records they were written from")
-            say("[demo] benchmark: " + json.dumps(extraction_benchmark(stack, model)))
+            say("[demo] benchmark: " + json.dumps(extraction_benchmark(stack, model, count)))
         else:
-            out.phase("benchmark", lambda: f"{BENCH_REQUESTS} order-JSON requests, {BENCH_CONCURRENCY} at a time")
-            say(f"[demo] benchmark: {BENCH_REQUESTS} requests through GPUStack's /v1")
-            say("[demo] benchmark: " + json.dumps(benchmark(stack, model)))
+            count = bench_requests or BENCH_REQUESTS
+            out.phase("benchmark", lambda: f"{count} order-JSON requests, {BENCH_CONCURRENCY} at a time")
+            say(f"[demo] benchmark: {count} requests through GPUStack's /v1")
+            say("[demo] benchmark: " + json.dumps(benchmark(stack, model, count)))
         out.phase(None)
         say("[demo] serving; press Ctrl-C to stop and clean up")
         while True:
@@ -321,6 +323,16 @@ def run_demo(port: int, model_file: Path, state_dir: Optional[Path], out: Progre
     return code
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or value > 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 1000")
+    return value
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpustack_dspark.devstack demo",
                                      description="Run GPUStack with DSpark replicas in containers on this machine.")
@@ -331,6 +343,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--fixture", action="store_true",
                         help=f"the test fixture instead ({FIXTURE_MODEL_FILE.relative_to(REPO_ROOT)}: starts fastest, "
                              "its answers are junk)")
+    parser.add_argument("--bench-requests", type=_positive, default=None, metavar="N",
+                        help=f"requests of the one-line benchmark (default {EXTRACTION_REQUESTS} extraction requests, "
+                             f"two of each family; {BENCH_REQUESTS} with --fixture)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep state here instead of a temporary folder removed on exit (but for its demo.log)")
     args = parser.parse_args(argv)
@@ -350,7 +365,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.watch_output()
     out.start_heartbeat()
     try:
-        return run_demo(args.port, args.model_file, args.state_dir, out, stopper)
+        return run_demo(args.port, args.model_file, args.state_dir, out, stopper, args.bench_requests)
     except DemoStop:  # stopped before anything started, or while saying that it failed
         return 0
     finally:
