@@ -130,6 +130,11 @@ def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
 
     counters = drafting_counters(replicas["layer"])
     assert counters["forced_proposed"] > 0 and counters["statistical_proposed"] > 0
+    # Every statistical token has one source (the prompt, the reply, other replies, or none), and
+    # on these prompts some come from the prompt.
+    sources = {source: counters[f"{source}_proposed"] for source in ("prompt", "reply", "history", "learned")}
+    assert sum(sources.values()) == counters["statistical_proposed"] + counters["sampled_proposed"], (sources, counters)
+    assert sources["prompt"] > 0 and sources["history"] > 0, sources
     # Forced tokens are proposed only where the grammar allows them: vLLM's check trims none.
     assert counters["grammar_trimmed_tokens"] == 0 and counters["layer_errors"] == 0
     assert counters["forced_acceptance"] > 0.3
