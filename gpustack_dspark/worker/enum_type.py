@@ -51,8 +51,6 @@ def _declared_types(node: Dict[str, Any]) -> Optional[List[str]]:
     return None
 
 
-
-
 def admitted(node: Any, checker: Any = None) -> Optional[List[Any]]:
     """The node's `enum`/`const` values its `type` admits (by `checker`, a draft's type checker;
     default 2020-12), when the type excludes one of them; None when there is nothing to narrow

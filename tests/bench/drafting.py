@@ -51,6 +51,7 @@ from gpustack_dspark.bench import extraction
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA, order_body
 from gpustack_dspark.console.figures import increase, parse_metrics
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica
+from gpustack_dspark.worker.drafting.ngram_index import SOURCES  # where a statistical token came from
 from tests.bench.models import add_model_argument, resolve
 from tests.bench.order_json import SAME_VLLM_ARGS
 
@@ -231,7 +232,6 @@ def measure(base_url: str, bodies: List[Dict], schema: Optional[Dict], concurren
             "failed": len(stats.results) - len(stats.ok), **fields}
 
 
-SOURCES = ("prompt", "reply", "history", "learned")  # ngram_index.SOURCES: where a statistical token came from
 SOURCE_COLUMNS = ("grammar",) + SOURCES + ("base",)
 SUMMED = ("format_errors", "truncated", "failed", "fields_right", "fields_total", "stopped",
           *(f"{what}_{source}" for what in ("kept", "reached") for source in SOURCE_COLUMNS))

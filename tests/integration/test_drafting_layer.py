@@ -27,6 +27,7 @@ import pytest
 
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from gpustack_dspark.worker.drafting.ngram_index import SOURCES
 from tests.bench import exactness
 from tests.conftest import WRONG_VERIFIER_ENV, all_ready
 from tests.bench.order_json import SAME_VLLM_ARGS
@@ -132,7 +133,7 @@ def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
     assert counters["forced_proposed"] > 0 and counters["statistical_proposed"] > 0
     # Every statistical token has one source (the prompt, the reply, other replies, or none), and
     # on these prompts some come from the prompt.
-    sources = {source: counters[f"{source}_proposed"] for source in ("prompt", "reply", "history", "learned")}
+    sources = {source: counters[f"{source}_proposed"] for source in SOURCES}
     assert sum(sources.values()) == counters["statistical_proposed"] + counters["sampled_proposed"], (sources, counters)
     assert sources["prompt"] > 0 and sources["history"] > 0, sources
     # Forced tokens are proposed only where the grammar allows them: vLLM's check trims none.
