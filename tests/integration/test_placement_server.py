@@ -54,10 +54,18 @@ def _instances(api, model):
     return [i for i in api.items("/v2/model-instances") if i["model_id"] == model["id"]]
 
 
-def _placed(api, model, count=1, timeout_s=200):
+def _ready(api, *workers):
+    """Waits until GPUStack holds every worker READY: its syncer marks a worker UNREACHABLE
+    for a while when a health check times out on a loaded 2-core machine (seen in CI)."""
+    for worker in workers:
+        api.wait_worker_ready(worker.name, 180)
+
+
+def _placed(api, model, count=1, timeout_s=400):
     # GPUStack schedules an instance when it is created and then every 180 s (its scheduler's
-    # check interval): a worker its syncer marked UNREACHABLE at that moment (health checks time
-    # out on a loaded 2-core machine; seen in CI) leaves the instance pending until the next pass.
+    # check interval): a worker marked UNREACHABLE at creation leaves the instance pending until
+    # the first pass after it is READY again, up to two intervals later (a clean-clone CI run
+    # placed it 200.5 s after creation, 3 s after a 200 s wait gave up).
     return wait_for(lambda: (found := [i for i in _instances(api, model) if i["worker_id"]])
                     and len(found) >= count and found, timeout_s, f"{model['name']} to be placed")
 
@@ -99,6 +107,7 @@ def test_status_reports_the_policy_file(stack):
 def test_dspark_model_goes_to_the_json_worker_and_a_general_model_never_does(stack):
     _, api, workers, models = stack
     cluster_id = api.get(f"/v2/workers/{workers['json'].id}")["cluster_id"]
+    _ready(api, workers["json"], workers["gen"])
     dspark = _create(api, models, "tiny-json", cluster_id, backend.BACKEND_NAME, backend.CPU_VERSION,
                      backend_parameters=list(knobs.form_defaults()))
     general = _create(api, models, "tiny-chat", cluster_id, "Plain-custom", "v1-custom", replicas=2)
@@ -170,6 +179,7 @@ def test_other_gpustack_version_disables_placement_and_gpustack_still_schedules(
     worker = join_cpu_worker(api, server.url, "json-only", tmp_path / "w", labels={"role": "json-inference"})
     try:
         _plain_backend(api)
+        _ready(api, worker)
         model = _create(api, tmp_path, "chat", api.get(f"/v2/workers/{worker.id}")["cluster_id"],
                         "Plain-custom", "v1-custom")
         assert [i["worker_id"] for i in _placed(api, model)] == [worker.id]  # no isolation without the plugin
