@@ -571,6 +571,9 @@ class DraftingConfig:
     """Draw those tokens from the verifier's own distributions seen after the same tokens
     (worker/drafting/verifier_rows.py), the counts filling in where it has seen none; False:
     from the counts only. A diagnostic, like `sampled_drafts`."""
+    prompt_copy: bool = True
+    """Copy a value from the prompt by its text (worker/drafting/prompt_copy.py); False: the
+    token-id indexes only. A diagnostic, like `sampled_drafts`."""
 
     def as_json(self) -> Dict[str, Any]:
         return {"mode": self.mode, "threshold": self.threshold, "length": self.length,
@@ -588,12 +591,13 @@ class DraftingConfig:
                    base_method=given.get("base_method", spec.method if spec else None),
                    shared_history=int(given.get("shared_history", cls.shared_history)),
                    sampled_drafts=bool(given.get("sampled_drafts", cls.sampled_drafts)),
-                   verifier_rows=bool(given.get("verifier_rows", cls.verifier_rows)))
+                   verifier_rows=bool(given.get("verifier_rows", cls.verifier_rows)),
+                   prompt_copy=bool(given.get("prompt_copy", cls.prompt_copy)))
 
 
 DRAFTING_CONFIG_KEY = DraftingConfig.KEY
 # The layer's settings that pass through `--additional-config` as they are (diagnostics).
-DIAGNOSTICS = ("sampled_drafts", "verifier_rows", "shared_history")
+DIAGNOSTICS = ("sampled_drafts", "verifier_rows", "shared_history", "prompt_copy")
 
 
 def drafting_args(mode: str, threshold: float, length: int, passthrough: Sequence[str],

@@ -142,6 +142,8 @@ def variants(length: int, sweep: Sequence[float], lengths: Sequence[int] = ()) -
             ("forced + statistical, counts-only draws", spec + [FORCED_STATISTICAL, *COUNTS_ONLY])]
     # What constrained decoding does to accuracy: the same requests without their response format.
     out += [(NO_GRAMMAR_VARIANT, [])]
+    # The layer before values were copied from the prompt by their text (prompt_copy.py).
+    out += [("forced + statistical, token-id copies only", spec + [FORCED_STATISTICAL, *TOKEN_ID_COPIES])]
     return out
 
 
@@ -151,6 +153,9 @@ ONE_HOT_DRAFTS = ["--additional-config", '{"dspark_drafting":{"sampled_drafts":f
 # Drawn tokens from the continuation counts only, not the verifier's rows (verifier_rows.py; a
 # diagnostic of DraftingConfig.verifier_rows).
 COUNTS_ONLY = ["--additional-config", '{"dspark_drafting":{"verifier_rows":false}}']
+
+# Values copied from the prompt by token ids only (a diagnostic of DraftingConfig.prompt_copy).
+TOKEN_ID_COPIES = ["--additional-config", '{"dspark_drafting":{"prompt_copy":false}}']
 
 
 XGRAMMAR_ONLY = ["--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']

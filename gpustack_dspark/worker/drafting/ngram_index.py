@@ -56,6 +56,7 @@ class RequestHistory:
         self.reply = NgramIndex(max_n)
         self.prompt_len = prompt_len
         self.indexed = 0
+        self.copy = None  # the request's prompt_copy.PromptCopy, made by the layer on its first draft
 
     def update(self, tokens: Sequence[int]) -> None:
         if len(tokens) > self.indexed:

@@ -23,7 +23,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 
 from gpustack_dspark.translate import DraftingConfig
 from gpustack_dspark.worker import vllm_seam
-from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines, verifier_rows
+from gpustack_dspark.worker.drafting import budget_step, draft_builder, draft_probs, engines, prompt_copy, verifier_rows
 from gpustack_dspark.worker.drafting.ngram_index import (HISTORY, PROMPT, REPLY, RequestHistory, SharedHistory,
                                                         interpolated, predict, source, tail)
 from gpustack_dspark.worker.drafting.stats import STATS_FILE_ENV, DraftingCounters, StatsWriter
@@ -86,6 +86,7 @@ class DraftingLayer:
         self.dists: Dict[str, Any] = {}  # request id -> (draft tokens, per-token distribution or None)
         # The verifier's distributions at sampled positions, per sampling setting (verifier_rows.py).
         self.verifier = verifier_rows.Tables() if self.sampled_drafts and config.verifier_rows else None
+        self.copies = config.prompt_copy
 
     def spellings(self) -> draft_builder.Spellings:
         """The vocabulary's token texts, indexed once (a few ms per 10k tokens)."""
@@ -149,9 +150,19 @@ class DraftingLayer:
         tokens = request.all_token_ids
         history.update(tokens)
         indexes = (history.prompt, history.reply, self.shared.index)
+        copy = self.prompt_copy(history, tokens) if self.copies else None
+        copied: Dict[int, int] = {}  # draft position -> the token copied from the prompt's text there
+
+        def copied_token(draft_so_far: List[int]):
+            if copy is None:
+                return None
+            guess = copy.proposal([self.token_text(t) for t in draft_so_far], self.encode)
+            if guess is not None:
+                copied[len(draft_so_far)] = guess[0]
+            return guess
 
         def next_token(draft_so_far: List[int]):
-            return predict(tail(tokens, draft_so_far, MAX_N), indexes)
+            return copied_token(draft_so_far) or predict(tail(tokens, draft_so_far, MAX_N), indexes)
 
         sampler = None
         if self.sampled_drafts and _samples(request):
@@ -162,8 +173,10 @@ class DraftingLayer:
             def propose(draft_so_far: List[int]):
                 context = tail(tokens, draft_so_far, MAX_N)
                 if table is None:
-                    return interpolated(context, indexes)
-                return table.proposal(context, lambda: interpolated(context, indexes))
+                    counted = interpolated(context, indexes)
+                else:
+                    counted = table.proposal(context, lambda: interpolated(context, indexes))
+                return prompt_copy.mixed(copied_token(draft_so_far), counted)
 
             sampler = draft_builder.Sampler(propose, self.rng_for(request), scale=scale)
         policy = self.policy if length is None else dataclasses.replace(self.policy, length=length)
@@ -178,9 +191,21 @@ class DraftingLayer:
             return draft_builder.Draft(list(base_draft)[:policy.length], ["base"] * len(base_draft[:policy.length]))
         named = ((PROMPT, history.prompt), (REPLY, history.reply), (HISTORY, self.shared.index))
         self.sources[request.request_id] = [
-            source(tail(tokens, draft.tokens[:position], MAX_N), token, named) if kind in NGRAM_KINDS else kind
+            (kind if kind not in NGRAM_KINDS else PROMPT if copied.get(position) == token
+             else source(tail(tokens, draft.tokens[:position], MAX_N), token, named))
             for position, (token, kind) in enumerate(zip(draft.tokens, draft.kinds))]
         return draft
+
+    def prompt_copy(self, history: RequestHistory, tokens: Sequence[int]) -> prompt_copy.PromptCopy:
+        """The request's text copier (prompt_copy.py), fed the reply's tokens since its last draft."""
+        copy = history.copy
+        if copy is None:
+            copy = history.copy = prompt_copy.PromptCopy(
+                "".join(self.token_text(t) for t in tokens[:history.prompt_len]))
+        start = history.prompt_len + copy.fed
+        if len(tokens) > start:
+            copy.feed([self.token_text(t) for t in tokens[start:]])
+        return copy
 
     def rng_for(self, request) -> random.Random:
         """The request's own draw stream when it has a seed (the same seed and the same
