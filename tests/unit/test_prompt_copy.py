@@ -3,8 +3,8 @@ there is proposed."""
 
 import pytest
 
-from gpustack_dspark.worker.drafting.prompt_copy import (ESTIMATE, SHARE, PromptCopy, PromptText, ValueCursor,
-                                                         mixed)
+from gpustack_dspark.worker.drafting.prompt_copy import (ESTIMATE, KEY, SCALAR, SHARE, STRING, PromptCopy,
+                                                         PromptText, ValueCursor, ValueEnds, mixed, word_key)
 
 EXAMPLE = '<|im_start|>user\nBen Kim from Leeds ordered 2 mugs.<|im_end|>\n<|im_start|>assistant\n' \
           '{"customer":"Ben Kim","city":"Leeds","quantity":2}<|im_end|>\n'
@@ -72,23 +72,27 @@ def test_the_continuation_stops_at_a_line_break_or_a_template_marker():
     text = PromptText("Name: Rosa Costa\nCity: Turin<|im_end|>")
     assert text.continuation("Rosa") == " Costa"
     assert text.continuation("Tu") == "rin"
-    assert PromptText("Rosa\nnext").continuation("Rosa") is None
+    assert PromptText("Rosa\nnext").continuation("Rosa") == ""  # found, at the line's end
 
 
 def chars(text):
     return [ord(c) for c in text]
 
 
+def pairs(texts):
+    return [(100 + i, text) for i, text in enumerate(texts)]
+
+
 def test_the_copier_follows_the_reply_and_the_draft():
     copy = PromptCopy(PROMPT)
-    copy.feed(['{"', "customer", '":"', "Anna"])
+    copy.feed(pairs(['{"', "customer", '":"', "Anna"]))
     assert copy.fed == 4
     assert copy.proposal([], chars) == (ord(" "), ESTIMATE)
     # A draft that went on with " Berg": the copy goes on after it.
     assert copy.proposal([" Berg"], chars) == (ord(" "), ESTIMATE)
     assert copy.proposal([" Berg", '","', "city", '":"', "O"], chars) is None  # one character
     assert copy.proposal([" Berg", '","', "city", '":"', "Os"], chars) == (ord("l"), ESTIMATE)
-    copy.feed(['"}'])
+    copy.feed(pairs(['"}']))
     assert copy.proposal([], chars) is None  # between values
 
 
@@ -100,3 +104,52 @@ def test_a_sampled_proposal_puts_its_share_on_the_copied_token():
     counted = ({9: 1.0}, 0.9)
     assert mixed(None, counted) is counted
     assert mixed(None, None) is None
+
+
+@pytest.mark.parametrize("reply, kind", [
+    ('{"cust', KEY), ('{"customer":"An', STRING), ('{"a":1,"b', KEY), ('{"a":["x","y', STRING),
+    ('[{"k":[1,2]},{"z', KEY), ('{"n": 12', SCALAR),
+])
+def test_the_cursor_tells_a_key_from_a_value(reply, kind):
+    assert cursor_after(reply).kind() == kind
+
+
+def test_feeding_reports_the_value_each_token_closed():
+    cursor = ValueCursor()
+    closed = []
+    for text in ['{"', "customer", '":"', "Anna", " Berg", '","', "quantity", '":', "3", ',"']:
+        cursor.feed(text)
+        closed.append(cursor.closed)
+    assert [c for c in closed if c] == [(KEY, "customer"), (STRING, "Anna Berg"), (KEY, "quantity"), (SCALAR, "3")]
+
+
+@pytest.mark.parametrize("rest, word", [(" from Oslo", "from"), (", 7 Lake", ","), ("s at", "s"), ("", ""),
+                                        ("  Each day", "each"), (".50", ".")])
+def test_a_word_key_is_the_first_word_or_mark(rest, word):
+    assert word_key(rest) == word
+
+
+def test_where_copied_values_end_is_learned_from_the_replies_and_the_closer_proposed():
+    ends = ValueEnds()
+    prompts = ["Anna Berg from Oslo ordered 3 lamps.", "Ben Kim from Leeds ordered 5 mugs.",
+               "Carla Rossi from Lyon ordered 2 desks."]
+    for n, prompt in enumerate(prompts):
+        copy = PromptCopy(prompt, ends)
+        name, city, qty = prompt.split(" from ")[0], prompt.split()[3], prompt.split()[5]
+        copy.feed([(1, '{"'), (2, "customer"), (3, '":"'), (4, name), (5, '","'), (6, "city"), (3, '":"'),
+                   (7, city), (5, '","'), (8, "quantity"), (9, '":'), (10, qty), (11, "}")])
+        if n == 0:  # one sighting is not enough to close a value
+            fresh = PromptCopy("Dora Lee from Rome ordered 4 cups.", ends)
+            fresh.feed([(1, '{"'), (2, "customer"), (3, '":"'), (4, "Dora Lee")])
+            assert fresh.proposal([], chars) == (ord(" "), ESTIMATE)
+    assert ends.ended["from"] == 3 and ends.ended["ordered"] == 3
+    assert ends.closers[STRING] == {5: 6} and ends.closers[SCALAR] == {11: 3}
+    assert KEY not in ends.closers  # keys teach nothing
+    copy = PromptCopy("Dora Lee from Rome ordered 4 cups.", ends)
+    copy.feed([(1, '{"'), (2, "customer"), (3, '":"'), (4, "Dora")])
+    assert copy.proposal([], chars) == (ord(" "), ESTIMATE)  # " Lee": a name's word goes on
+    token, estimate = copy.proposal([" Lee"], chars)  # before " from": the value's end
+    assert token == 5 and estimate == pytest.approx(3 / 4)
+    # A word that continued values as often as it ended them does not close one.
+    ends.continued["from"] = 3
+    assert copy.proposal([" Lee"], chars) == (ord(" "), ESTIMATE)

@@ -87,6 +87,7 @@ class DraftingLayer:
         # The verifier's distributions at sampled positions, per sampling setting (verifier_rows.py).
         self.verifier = verifier_rows.Tables() if self.sampled_drafts and config.verifier_rows else None
         self.copies = config.prompt_copy
+        self.value_ends = prompt_copy.ValueEnds()  # where copied values end, learned from the replies
 
     def spellings(self) -> draft_builder.Spellings:
         """The vocabulary's token texts, indexed once (a few ms per 10k tokens)."""
@@ -201,10 +202,10 @@ class DraftingLayer:
         copy = history.copy
         if copy is None:
             copy = history.copy = prompt_copy.PromptCopy(
-                "".join(self.token_text(t) for t in tokens[:history.prompt_len]))
+                "".join(self.token_text(t) for t in tokens[:history.prompt_len]), self.value_ends)
         start = history.prompt_len + copy.fed
         if len(tokens) > start:
-            copy.feed([self.token_text(t) for t in tokens[start:]])
+            copy.feed([(t, self.token_text(t)) for t in tokens[start:]])
         return copy
 
     def rng_for(self, request) -> random.Random:
