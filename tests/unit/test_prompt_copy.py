@@ -153,3 +153,48 @@ def test_where_copied_values_end_is_learned_from_the_replies_and_the_closer_prop
     # A word that continued values as often as it ended them does not close one.
     ends.continued["from"] = 3
     assert copy.proposal([" Lee"], chars) == (ord(" "), ESTIMATE)
+
+
+def test_a_value_is_found_at_or_after_where_the_last_one_ended():
+    text = PromptText("Oslo office. Anna Berg from Oslo, Anna Berg again")
+    first = text.locate("Oslo")
+    assert first == text.text.rindex("Oslo")  # no position yet: the last place
+    assert text.locate("Oslo", after=0) == 0
+    assert text.locate("Anna Berg", after=20) == text.text.rindex("Anna Berg")
+    assert text.continuation("Anna", after=0) == " Berg from Oslo, Anna Berg again"
+
+
+def test_the_next_word_passes_over_marks_and_words_that_end_values():
+    text = PromptText("Anna Berg from Oslo, ordered 3 lamps.\nNext line")
+    end = len("Anna Berg")
+    assert text.next_word(end, lambda w: w == "from") == text.text.index("Oslo")
+    assert text.next_word(end + len(" from Oslo"), lambda w: w == "ordered") == text.text.index("3")
+    assert text.next_word(text.text.index("lamps") + 5, lambda w: False) is None  # the line ends
+
+
+@pytest.mark.parametrize("reply, start", [
+    ('{"customer":"', True), ('{"customer":"A', False), ('{"qty":', True), ('{"qty":3', False),
+    ('{"a":[', True), ('{"a":[1,', True), ('{"a":1,', False), ('{"', False), ('{"a":1}', False),
+])
+def test_the_cursor_knows_where_a_value_starts(reply, start):
+    assert cursor_after(reply).value_start() is start
+
+
+def test_the_next_value_is_drafted_from_the_word_after_the_last_one_once_that_was_learned():
+    ends = ValueEnds()
+    for prompt in ["Anna Berg from Oslo ordered 3 lamps.", "Ben Kim from Leeds ordered 5 mugs.",
+                   "Carla Rossi from Lyon ordered 2 desks."]:
+        name, city, qty = prompt.split(" from ")[0], prompt.split()[3], prompt.split()[5]
+        PromptCopy(prompt, ends).feed([(1, '{"'), (2, "customer"), (3, '":"'), (4, name), (5, '","'), (6, "city"),
+                                       (3, '":"'), (7, city), (5, '","'), (8, "quantity"), (9, '":'), (10, qty),
+                                       (11, "}")])
+    # Starts were tried for city and quantity of each reply; right once "from" and "ordered"
+    # had ended two values each (from the second reply on).
+    assert (ends.starts_tried, ends.starts_right) == (6, 4)
+    copy = PromptCopy("Dora Lee from Rome ordered 4 cups.", ends)
+    copy.feed([(1, '{"'), (2, "customer"), (3, '":"')])
+    assert copy.proposal([], chars) is None  # the first value: no last one to go on from
+    copy.feed([(4, "Dora Lee"), (5, '","'), (6, "city"), (3, '":"')])
+    assert copy.proposal([], chars) == (ord("R"), ends.start_estimate())
+    assert copy.proposal(["Rome", '","', "quantity", '":'], chars) == (ord("4"), ends.start_estimate())
+    assert ends.start_estimate() == pytest.approx(5 / 8)

@@ -10,27 +10,32 @@ ends at a token boundary, so the rest is encoded on its own.
 
 Contract:
 - `ValueCursor` follows the reply's JSON text. `prefix()` is the scalar being written: a
-  string's characters after its opening quote (keys included: the grammar forces those first),
-  or a bare number or literal's characters; None between values. `kind()` tells a key's string
-  from a value's (it follows the objects and arrays it is in). `after(text)` is the prefix
-  once `text` follows, without moving the cursor (a draft's tokens are not the reply yet).
-- `PromptText.continuation(prefix)`: the text that follows the longest tail of `prefix` found in
-  the prompt, where that tail starts the prefix or one of its words and, in the prompt, a word
-  (the character before it is no letter or digit); the last such place in the prompt (the
-  user's latest text comes after any worked example). At most `limit` characters, never across
-  a line break or into a chat template's marker (`<|`). None when no tail of at least
-  `min_chars` characters is found.
-  "" when the tail ends the prompt's line.
-- Where a copied value ends is learned (`ValueEnds`, one per replica): each value the reply
-  closes that is found in the prompt counts the word after it there as *ending* a value, and
-  each word inside it as *continuing* one; the token that closed it is counted per kind (string,
-  scalar). Where the text after the value so far starts with a word that ended values more
-  often than it continued them (at least `MIN_ENDS` times), the closing token most often seen
-  is proposed instead of the copy, so the draft runs on through the grammar-forced next key
-  rather than stopping at the value's end.
-- `PromptCopy` holds both for one request: `feed(pairs)` takes the reply's new (token, text)
-  pairs, `proposal(draft_texts, encode)` the next token and its estimate, or None. Nothing here
-  decides whether a token is drafted: the grammar and the draft policy do.
+  string's characters after its opening quote, or a bare number or literal's characters; None
+  between values. `kind()` tells a key's string from a value's (it follows the objects and
+  arrays it is in); `value_start()` is true where the next value has not begun (an empty string
+  value, or after `:`, `[`, or `,` in an array). `moved(text)` is a copy after `text` (a draft's
+  tokens are not the reply yet); `closed` names the value the last `feed` closed.
+- `PromptText.match(prefix, after)`: the longest tail of `prefix` found in the prompt, where the
+  tail starts the prefix or one of its words and, in the prompt, a word (the character before it
+  is no letter or digit); the first such place at or after `after` (where the reply's last
+  copied value ended: extraction copies in the text's order), else the last (the user's latest
+  text comes after any worked example). `continuation` is the text after it: at most `limit`
+  characters, never across a line break or into a chat template's marker (`<|`); "" at the
+  line's end; None when no tail of at least `min_chars` characters is found.
+- `ValueEnds` (one per replica) learns from each value the reply closes that is found in the
+  prompt: the word after it there *ended* a value, each word inside it *continued* one, the token
+  that closed it is counted per kind (string, scalar), and whether it started at the first word
+  after the last copied value that is no mark and no word that ends values (`start_estimate`).
+  A word ends values once it ended them at least `MIN_ENDS` times and more often than it
+  continued them.
+- `PromptCopy` (one request): `feed(pairs)` takes the reply's new (token, text) pairs;
+  `proposal(draft_texts, encode)` is the next token and its estimate, or None:
+  - at a value's start, the first token of the text from the next such word (after the first
+    value: before it there is no last one);
+  - inside a value found in the prompt, the closing token most often seen where the text after
+    it starts with a word that ends values (the draft runs on through the grammar-forced next
+    key instead of stopping at the value's end), else the first token of the text after it.
+  Nothing here decides whether a token is drafted: the grammar and the draft policy do.
 """
 
 import dataclasses
@@ -62,6 +67,7 @@ class ValueCursor:
     closed: Optional[Tuple[str, str]] = None  # (kind, value) of the last value `feed` closed
     stack: List[str] = dataclasses.field(default_factory=list)  # open "{" and "["
     expect_key: bool = False
+    at_value: bool = False  # between values, where one starts next (after ":", "[", or "," in an array)
 
     def feed(self, text: str) -> None:
         self.closed = None
@@ -78,12 +84,16 @@ class ValueCursor:
                 self.value += ch
                 continue
             if ch in _SCALAR:
-                self.in_scalar = True
+                self.in_scalar, self.at_value = True, False
                 self.value += ch
                 continue
             if self.in_scalar:
                 self.closed = (SCALAR, self.value)
             self.in_scalar, self.value = False, ""
+            if ch in " \t\n\r":
+                continue
+            in_array = bool(self.stack) and self.stack[-1] == "["
+            self.at_value = (ch == ":") or (ch == "[") or (ch == "," and in_array)
             if ch == '"':
                 self.in_string, self.in_key = True, self.expect_key
             elif ch in "{[":
@@ -94,7 +104,7 @@ class ValueCursor:
                     self.stack.pop()
                 self.expect_key = False
             elif ch == ",":
-                self.expect_key = bool(self.stack) and self.stack[-1] == "{"
+                self.expect_key = not in_array and bool(self.stack)
             elif ch == ":":
                 self.expect_key = False
         if len(self.value) > self.keep:
@@ -102,6 +112,12 @@ class ValueCursor:
 
     def prefix(self) -> Optional[str]:
         return self.value if (self.in_string or self.in_scalar) else None
+
+    def value_start(self) -> bool:
+        """Nothing of the next value written yet: an empty string value, or just before a scalar."""
+        if self.in_string:
+            return not self.in_key and not self.value
+        return self.at_value and not self.in_scalar
 
     def kind(self) -> str:
         return (KEY if self.in_key else STRING) if self.in_string else SCALAR
@@ -121,24 +137,42 @@ class PromptText:
     def __init__(self, text: str, min_chars: int = MIN_CHARS, limit: int = LIMIT) -> None:
         self.text, self.min_chars, self.limit = text, min_chars, limit
 
-    def continuation(self, prefix: Optional[str]) -> Optional[str]:
+    def match(self, prefix: Optional[str], after: Optional[int] = None) -> Optional[Tuple[int, int]]:
+        """(start, end) in the prompt of the longest tail of `prefix` found there (module
+        docstring): the first place at or after `after`, else the last; None if none is."""
         if not prefix or len(prefix) < self.min_chars:
             return None
         for start in _word_starts(prefix):
             tail = prefix[start:]
             if len(tail) < self.min_chars:
                 return None
-            found = self.last_word_match(tail)
+            found = self.locate(tail, after)
             if found is not None:
-                rest = self.text[found + len(tail):found + len(tail) + self.limit]
-                for stop in _STOPS:
-                    cut = rest.find(stop)
-                    if cut >= 0:
-                        rest = rest[:cut]
-                return rest
+                return found, found + len(tail)
         return None
 
-    def last_word_match(self, tail: str) -> Optional[int]:
+    def continuation(self, prefix: Optional[str], after: Optional[int] = None) -> Optional[str]:
+        found = self.match(prefix, after)
+        return None if found is None else self.line_from(found[1])
+
+    def line_from(self, at: int) -> str:
+        """The prompt's text from `at`, at most `limit` characters, up to a line break or marker."""
+        rest = self.text[at:at + self.limit]
+        for stop in _STOPS:
+            cut = rest.find(stop)
+            if cut >= 0:
+                rest = rest[:cut]
+        return rest
+
+    def locate(self, tail: str, after: Optional[int] = None) -> Optional[int]:
+        """Where `tail` starts a word in the prompt: the first place at or after `after`, else
+        the last place."""
+        if after is not None:
+            at = self.text.find(tail, after)
+            while at >= 0:
+                if at == 0 or not self.text[at - 1].isalnum():
+                    return at
+                at = self.text.find(tail, at + 1)
         end = len(self.text)
         while True:
             at = self.text.rfind(tail, 0, end)
@@ -147,6 +181,23 @@ class PromptText:
             if at == 0 or not self.text[at - 1].isalnum():
                 return at
             end = at + len(tail) - 1
+
+    def next_word(self, at: int, skip: Callable[[str], bool], words: int = 8) -> Optional[int]:
+        """Where the first word at or after `at` starts that `skip` does not pass over (marks
+        are passed over too), within `words` words and the line; None past them."""
+        text = self.text
+        for _ in range(words):
+            while at < len(text) and text[at] == " ":
+                at += 1
+            if at >= len(text) or any(text.startswith(stop, at) for stop in _STOPS):
+                return None
+            word = word_key(text[at:])
+            if word.isalnum() and not skip(word):
+                return at
+            at += 1
+            while at < len(text) and text[at].isalnum():
+                at += 1
+        return None
 
 
 def _word_starts(text: str) -> Iterable[int]:
@@ -174,35 +225,49 @@ def word_key(rest: str) -> str:
 
 @dataclass
 class ValueEnds:
-    """Which words end a copied value, and which tokens close one (one per replica)."""
+    """Where copied values end and the next one starts, learned from the replies (one per replica)."""
 
     ended: Dict[str, int] = dataclasses.field(default_factory=dict)
     continued: Dict[str, int] = dataclasses.field(default_factory=dict)
     closers: Dict[str, Dict[int, int]] = dataclasses.field(default_factory=dict)
+    starts_tried: int = 0
+    starts_right: int = 0
 
-    def observe(self, prompt: PromptText, kind: str, value: str, token: int) -> None:
-        """The reply closed a value of `kind` with `token` (a key teaches nothing here)."""
-        if kind == KEY:
-            return
+    def observe(self, prompt: PromptText, kind: str, value: str, token: int, at: Optional[int],
+                predicted: Optional[int]) -> None:
+        """The reply closed a value of `kind` with `token`; `at`: where the value starts a word in
+        the prompt (None: not copied from it); `predicted`: where the next-word rule said the
+        value would start (None: it said nothing)."""
         counts = self.closers.setdefault(kind, {})
         counts[token] = counts.get(token, 0) + 1
-        if not value or prompt.last_word_match(value) is None:
+        if at is None:
             return  # not copied from the prompt: nothing to learn about where copies end
-        _count(self.ended, word_key(prompt.continuation(value) or ""))
+        _count(self.ended, word_key(prompt.line_from(at + len(value))))
         for i in range(1, len(value)):
             if value[i - 1].isalnum() and not value[i].isalnum():
                 _count(self.continued, word_key(value[i:]))
+        if predicted is not None:
+            self.starts_tried += 1
+            self.starts_right += int(predicted == at)
+
+    def ends_values(self, word: str) -> bool:
+        ended = self.ended.get(word, 0)
+        return ended >= MIN_ENDS and ended > self.continued.get(word, 0)
 
     def closing(self, kind: str, rest: str) -> Optional[Tuple[int, float]]:
         """The token to close a value of `kind` before `rest`, and its estimate; None where the
         word `rest` starts with has not ended values more often than it continued them."""
         word = word_key(rest)
-        ended, continued = self.ended.get(word, 0), self.continued.get(word, 0)
         counts = self.closers.get(kind)
-        if ended < MIN_ENDS or ended <= continued or not counts:
+        if not counts or not self.ends_values(word):
             return None
+        ended, continued = self.ended[word], self.continued.get(word, 0)
         token = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
         return token, ended / (ended + continued + 1)
+
+    def start_estimate(self) -> float:
+        """How often a value started at the next word after the last one (Laplace-smoothed)."""
+        return (self.starts_right + 1) / (self.starts_tried + 2)
 
 
 def _count(counts: Dict[str, int], word: str) -> None:
@@ -211,33 +276,63 @@ def _count(counts: Dict[str, int], word: str) -> None:
 
 
 class PromptCopy:
-    """One request's text copier: the prompt's text and the reply's JSON cursor."""
+    """One request's text copier: the prompt's text, the reply's JSON cursor, and where in the
+    prompt the reply's last copied value ended."""
 
     def __init__(self, prompt_text: str, ends: Optional[ValueEnds] = None) -> None:
         self.prompt = PromptText(prompt_text)
         self.cursor = ValueCursor()
-        self.ends = ends
+        self.ends = ends or ValueEnds()
+        self.last_end: Optional[int] = None
         self.fed = 0  # reply tokens fed so far
 
     def feed(self, pairs: Sequence[Tuple[int, str]]) -> None:
         for token, text in pairs:
             self.cursor.feed(text)
-            if self.cursor.closed is not None and self.ends is not None:
-                self.ends.observe(self.prompt, *self.cursor.closed, token)
+            if self.cursor.closed is not None and self.cursor.closed[0] != KEY:
+                kind, value = self.cursor.closed
+                at = self.prompt.locate(value, self.last_end) if value else None
+                self.ends.observe(self.prompt, kind, value, token, at, self._next_start())
+                if at is not None:
+                    self.last_end = at + len(value)
         self.fed += len(pairs)
+
+    def _next_start(self, last_end: Optional[int] = None) -> Optional[int]:
+        last_end = self.last_end if last_end is None else last_end
+        if last_end is None:
+            return None
+        return self.prompt.next_word(last_end, self.ends.ends_values)
+
+    def _after(self, draft_texts: Sequence[str]) -> Tuple[ValueCursor, Optional[int]]:
+        """The cursor and the last copied value's end once the draft's tokens are written."""
+        cursor, last_end = self.cursor.moved(""), self.last_end
+        for text in draft_texts:
+            cursor.feed(text)
+            if cursor.closed is not None and cursor.closed[0] != KEY and cursor.closed[1]:
+                at = self.prompt.locate(cursor.closed[1], last_end)
+                if at is not None:
+                    last_end = at + len(cursor.closed[1])
+        return cursor, last_end
 
     def proposal(self, draft_texts: Sequence[str],
                  encode: Callable[[str], Sequence[int]]) -> Optional[Tuple[int, float]]:
-        cursor = self.cursor.moved("".join(draft_texts))
-        rest = self.prompt.continuation(cursor.prefix())
-        if rest is None:
-            return None
-        if self.ends is not None:
+        cursor, last_end = self._after(draft_texts)
+        prefix = cursor.prefix()
+        if cursor.value_start():
+            start = self._next_start(last_end)
+            if start is None:
+                return None
+            rest, estimate = self.prompt.line_from(start), self.ends.start_estimate()
+        else:
+            rest = self.prompt.continuation(prefix, last_end)
+            if rest is None:
+                return None
             closing = self.ends.closing(cursor.kind(), rest)
             if closing is not None:
                 return closing
+            estimate = ESTIMATE
         tokens = encode(rest) if rest else ()
-        return (tokens[0], ESTIMATE) if tokens else None
+        return (tokens[0], estimate) if tokens else None
 
 
 def mixed(copied: Optional[Tuple[int, float]],
