@@ -37,13 +37,22 @@ def printed_argv(*args, device="cuda"):
     return json.loads(done.stdout)
 
 
+# One worker-venv process for every case (each `dspark-serve` start imports vLLM for its tool
+# parsers: about 18 s apiece idle, so nine cases took 2-3 minutes of a CI run): dspark-serve's
+# own entry point prints each case's vLLM argv, and vLLM's parser reads it back. The program
+# itself (exit codes, one-line errors) is run as a program by the tests below.
 VLLM_CHECK = r"""
-import json, sys
+import contextlib, io, json, sys
+from gpustack_dspark.worker.serve import main
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.config.speculative import SpeculativeConfig
 fields = set(SpeculativeConfig.__dataclass_fields__)
-for argv in json.loads(sys.stdin.read()):
+for case in json.loads(sys.stdin.read()):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main([*case, "--print-vllm-args"])
+    argv = json.loads(printed.getvalue())
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     spec = args.speculative_config or {}
     unknown = set(spec) - fields
@@ -57,20 +66,20 @@ for argv in json.loads(sys.stdin.read()):
 
 def test_every_family_translates_into_arguments_vllm_accepts(models):
     cases = {
-        "v41": printed_argv(models / "deepseek-v4.1", "--enable-dspark", "--dspark-speculative-length=6",
-                            "--dspark-accept-threshold", "0.7", "--tensor-parallel-size", "4"),
-        "v3": printed_argv(models / "deepseek-v3", "--enable-dspark"),
-        "v32": printed_argv(models / "deepseek-v3.2", "--enable-dspark"),
-        "v4": printed_argv(models / "deepseek-v4", "--enable-dspark"),
-        "llama": printed_argv(models / "llama", "--enable-dspark", "--max-num-seqs", "128"),
-        "eagle3": printed_argv(models / "llama", "--enable-dspark", "--dspark-draft-model", models / "draft-eagle3"),
-        "draft": printed_argv(models / "llama", "--enable-dspark", "--dspark-draft-model", models / "draft-llama-small"),
-        "qwen3-dspark": printed_argv(models / "qwen3", "--enable-dspark", "--dspark-draft-model",
-                                     models / "draft-dspark-qwen3"),
-        "plain": printed_argv(models / "llama", "--max-num-seqs", "64"),
+        "v41": [models / "deepseek-v4.1", "--enable-dspark", "--dspark-speculative-length=6",
+                "--dspark-accept-threshold", "0.7", "--tensor-parallel-size", "4"],
+        "v3": [models / "deepseek-v3", "--enable-dspark"],
+        "v32": [models / "deepseek-v3.2", "--enable-dspark"],
+        "v4": [models / "deepseek-v4", "--enable-dspark"],
+        "llama": [models / "llama", "--enable-dspark", "--max-num-seqs", "128"],
+        "eagle3": [models / "llama", "--enable-dspark", "--dspark-draft-model", models / "draft-eagle3"],
+        "draft": [models / "llama", "--enable-dspark", "--dspark-draft-model", models / "draft-llama-small"],
+        "qwen3-dspark": [models / "qwen3", "--enable-dspark", "--dspark-draft-model", models / "draft-dspark-qwen3"],
+        "plain": [models / "llama", "--max-num-seqs", "64"],
     }
-    done = subprocess.run([str(worker_python()), "-c", VLLM_CHECK], input=json.dumps(list(cases.values())),
-                          capture_output=True, text=True, timeout=300, env=worker_env())
+    done = subprocess.run([str(worker_python()), "-c", VLLM_CHECK],
+                          input=json.dumps([[str(a) for a in argv] for argv in cases.values()]),
+                          capture_output=True, text=True, timeout=300, env=worker_env({"DSPARK_DEVICE": "cuda"}))
     assert done.returncode == 0, done.stderr[-3000:]
     parsed = dict(zip(cases, (json.loads(line) for line in done.stdout.strip().splitlines()[-len(cases):])))
     assert parsed["v41"]["spec"]["method"] == "dspark" and parsed["v41"]["spec"]["num_speculative_tokens"] == 6
