@@ -152,8 +152,13 @@ def test_json_through_gpustack_reaches_both_real_replicas_least_connections(stac
         assert clean_bursts, f"every burst saw an instance start ramping or a retry: {bursts}"
         last = clean_bursts[-1]
         assert min(last["served"]) >= 1, bursts
-        faster = [min(range(len(replicas)), key=lambda n: est[n] or float("inf")) for est in last["estimates"]]
-        if faster[0] == faster[1]:  # faster before and after the burst: it took at least as many
+        # "Faster" only where the balance sees a difference: estimates within the band are equal
+        # to it (CI saw [6, 10] where the one taking 6 was "faster" by 0.4 % before the burst).
+        faster = [None if equal(est) else min(range(len(replicas)), key=lambda n: est[n] or float("inf"))
+                  for est in last["estimates"]]
+        if equal(last["estimates"][0]):  # it began between equals: least connections, a fair share
+            assert min(last["served"]) >= 4, bursts
+        elif faster[0] == faster[1]:  # faster before and after the burst: it took at least as many
             assert last["served"][faster[0]] >= max(last["served"]), bursts
     assert routing["in_flight_total"] == 0 and routing["unmatched_releases"] == 0
 
