@@ -151,7 +151,7 @@ class DraftingLayer:
         tokens = request.all_token_ids
         history.update(tokens)
         indexes = (history.prompt, history.reply, self.shared.index)
-        copy = self.prompt_copy(history, tokens) if self.copies else None
+        copy = self.copier(history, tokens) if self.copies else None
         copied: Dict[int, int] = {}  # draft position -> the token copied from the prompt's text there
 
         def copied_token(draft_so_far: List[int]):
@@ -197,7 +197,7 @@ class DraftingLayer:
             for position, (token, kind) in enumerate(zip(draft.tokens, draft.kinds))]
         return draft
 
-    def prompt_copy(self, history: RequestHistory, tokens: Sequence[int]) -> prompt_copy.PromptCopy:
+    def copier(self, history: RequestHistory, tokens: Sequence[int]) -> prompt_copy.PromptCopy:
         """The request's text copier (prompt_copy.py), fed the reply's tokens since its last draft."""
         copy = history.copy
         if copy is None:
