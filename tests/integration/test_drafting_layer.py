@@ -27,6 +27,7 @@ import pytest
 
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
+from gpustack_dspark.worker.drafting.draft_builder import FORCED, SAMPLED, SPELLED, STATISTICAL
 from gpustack_dspark.worker.drafting.ngram_index import SOURCES
 from tests.bench import exactness
 from tests.conftest import WRONG_VERIFIER_ENV, all_ready
@@ -285,14 +286,14 @@ def test_sampled_replies_follow_the_models_own_distribution_and_a_wrong_verifier
 
 def verified_any(before, after) -> int:
     """Draft tokens of the layer (every kind) the target verified between two reads."""
-    return sum(after[f"{kind}_{k}"] - before[f"{kind}_{k}"] for kind in ("forced", "spelled", "statistical", "sampled")
-               for k in ("accepted", "rejected"))
+    return verified_drawn(before, after, (FORCED, SPELLED, STATISTICAL, SAMPLED))
 
 
-def verified_drawn(before, after) -> int:
-    """Drawn draft tokens (statistical, temperature > 0) the target verified between two reads
-    of a replica's counters: accepted plus the first rejected of each draft."""
-    return sum(after[f"sampled_{k}"] - before[f"sampled_{k}"] for k in ("accepted", "rejected"))
+def verified_drawn(before, after, kinds=(SAMPLED,)) -> int:
+    """Drawn draft tokens (statistical, temperature > 0; or those of `kinds`) the target
+    verified between two reads of a replica's counters: accepted plus the first rejected of each
+    draft."""
+    return sum(after[f"{kind}_{k}"] - before[f"{kind}_{k}"] for kind in kinds for k in ("accepted", "rejected"))
 
 
 def test_seeded_sampling_with_chunked_prefills_is_served_and_the_replica_stays_up(replicas):

@@ -33,10 +33,10 @@ def test_the_cursor_knows_the_scalar_being_written(reply, prefix):
     assert cursor_after(reply).prefix() == prefix
 
 
-def test_after_reads_ahead_without_moving_the_cursor():
+def test_a_moved_copy_reads_ahead_without_moving_the_cursor():
     cursor = cursor_after('{"customer":"An')
-    assert cursor.after("na Berg") == "Anna Berg"
-    assert cursor.after('na","city":"O') == "O"
+    assert cursor.moved("na Berg").prefix() == "Anna Berg"
+    assert cursor.moved('na","city":"O').prefix() == "O"
     assert cursor.prefix() == "An"
 
 

@@ -129,9 +129,6 @@ class ValueCursor:
             moved.feed(text)
         return moved
 
-    def after(self, text: str) -> Optional[str]:
-        return self.moved(text).prefix()
-
 
 class PromptText:
     def __init__(self, text: str, min_chars: int = MIN_CHARS, limit: int = LIMIT) -> None:
@@ -289,16 +286,23 @@ class PromptCopy:
     def feed(self, pairs: Sequence[Tuple[int, str]]) -> None:
         for token, text in pairs:
             self.cursor.feed(text)
+            at = self._closed_at(self.cursor, self.last_end)
             if self.cursor.closed is not None and self.cursor.closed[0] != KEY:
                 kind, value = self.cursor.closed
-                at = self.prompt.locate(value, self.last_end) if value else None
-                self.ends.observe(self.prompt, kind, value, token, at, self._next_start())
-                if at is not None:
-                    self.last_end = at + len(value)
+                self.ends.observe(self.prompt, kind, value, token, at, self._next_start(self.last_end))
+            if at is not None:
+                self.last_end = at + len(self.cursor.closed[1])
         self.fed += len(pairs)
 
-    def _next_start(self, last_end: Optional[int] = None) -> Optional[int]:
-        last_end = self.last_end if last_end is None else last_end
+    def _closed_at(self, cursor: ValueCursor, last_end: Optional[int]) -> Optional[int]:
+        """Where the value (not a key) the cursor's last feed closed starts in the prompt, if it
+        was copied from it."""
+        closed = cursor.closed
+        if closed is None or closed[0] == KEY or not closed[1]:
+            return None
+        return self.prompt.locate(closed[1], last_end)
+
+    def _next_start(self, last_end: Optional[int]) -> Optional[int]:
         if last_end is None:
             return None
         return self.prompt.next_word(last_end, self.ends.ends_values)
@@ -308,10 +312,9 @@ class PromptCopy:
         cursor, last_end = self.cursor.moved(""), self.last_end
         for text in draft_texts:
             cursor.feed(text)
-            if cursor.closed is not None and cursor.closed[0] != KEY and cursor.closed[1]:
-                at = self.prompt.locate(cursor.closed[1], last_end)
-                if at is not None:
-                    last_end = at + len(cursor.closed[1])
+            at = self._closed_at(cursor, last_end)
+            if at is not None:
+                last_end = at + len(cursor.closed[1])
         return cursor, last_end
 
     def proposal(self, draft_texts: Sequence[str],
