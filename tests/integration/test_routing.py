@@ -116,8 +116,9 @@ def test_json_requests_land_only_on_json_targets(stack):
         answers = list(pool.map(lambda i: stack.chat("mixed", JSON_BODY if i % 2 else PLAIN_BODY), range(40)))
     assert [a.status_code for a in answers] == [200] * 40
     json_a, json_b, general = (stack.replicas[n].stats for n in ("json-a", "json-b", "general"))
+    # Which JSON target takes each is the balance's business (expected finish time on speeds
+    # learned so far: one may take all 20), tested below; here only that none lands elsewhere.
     assert json_a.served + json_b.served == 20 and json_a.json_requests + json_b.json_requests == 20
-    assert json_a.served > 0 and json_b.served > 0
     assert general.served == 20 and general.json_requests == 0
     after = stack.routing()["decisions"]
     assert after["json"] - before["json"] == 20 and after["general"] - before["general"] == 20
