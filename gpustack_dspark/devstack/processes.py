@@ -17,6 +17,22 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+# `gpustack start` through the interpreter, not its console script. GPUStack starts its children
+# with multiprocessing's "spawn" (the worker's model-file Manager and download pool, one process
+# per model instance it serves), and a spawned child re-imports the parent's main script: the
+# console script's `from gpustack.main import main` costs 14.5 s of CPU per child here (FastAPI
+# builds its 1,500 routes), where what the child unpickles needs 5 s. Run from `-c`, the main
+# module has no file and the children import only what they run (docs/architecture.md).
+GPUSTACK_MAIN = "import sys; from gpustack.main import main; sys.argv[0] = 'gpustack'; sys.exit(main())"
+
+
+def gpustack_command() -> List[str]:
+    """argv[:k] that runs GPUStack's CLI in this interpreter's environment (see GPUSTACK_MAIN)."""
+    if (Path(sys.executable).parent / "gpustack").exists():
+        return [sys.executable, "-c", GPUSTACK_MAIN]
+    return ["gpustack"]
+
+
 def loopback_env(extra_modules: List[str] = (), base: Optional[Mapping[str, str]] = None,
                  extra_paths: List[str] = ()) -> Dict[str, str]:
     env = dict(os.environ if base is None else base)

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 import httpx
 
 from gpustack_dspark.devstack.postgres import free_port
-from gpustack_dspark.devstack.processes import ManagedProcess, loopback_env, venv_bin
+from gpustack_dspark.devstack.processes import ManagedProcess, gpustack_command, loopback_env
 
 ADMIN_USER = "admin"
 
@@ -37,7 +37,7 @@ class GPUStackServer:
 
     def argv(self) -> List[str]:
         return [
-            venv_bin("gpustack"), "start",
+            *gpustack_command(), "start",
             "--data-dir", str(self.data_dir),
             "--database-url", self.database_url,
             "--gateway-mode", "disabled",

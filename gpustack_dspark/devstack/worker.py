@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.postgres import free_port
-from gpustack_dspark.devstack.processes import ManagedProcess, loopback_env, venv_bin
+from gpustack_dspark.devstack.processes import ManagedProcess, gpustack_command, loopback_env
 from gpustack_dspark.devstack.worker_tools import seed_worker_tools
 
 
@@ -29,7 +29,7 @@ class GPUStackWorker:
 
     def argv(self) -> List[str]:
         return [
-            venv_bin("gpustack"), "start",
+            *gpustack_command(), "start",
             "--server-url", self.server_url,
             "--token", self.token,
             "--worker-name", self.name,

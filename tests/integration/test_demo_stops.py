@@ -51,16 +51,16 @@ def _stopped(tmp_path, after: str, stop, reason: str, running=("postgres -D",), 
 
 def test_sigterm_while_the_server_starts_removes_postgres_and_the_server(tmp_path, podman_ready):
     _stopped(tmp_path, r"\[stack\] server: starting", lambda d: d.signal_job(signal.SIGTERM), "SIGTERM",
-             running=("postgres -D", "gpustack start --data-dir"))
+             running=("postgres -D", "start --data-dir"))
 
 
 def test_sighup_of_a_closed_pane_while_the_worker_joins_removes_everything(tmp_path, podman_ready):
     # The worker phase: PostgreSQL, the server, Podman's service and the worker all started.
     _stopped(tmp_path, r"\[stack\] worker: Podman", lambda d: d.signal_job(signal.SIGHUP), "SIGHUP",
-             running=("postgres -D", "gpustack start --data-dir", "podman system service", "--worker-name"))
+             running=("postgres -D", "start --data-dir", "podman system service", "--worker-name"))
 
 
 def test_a_dead_output_pipe_stops_the_demo_and_removes_everything(tmp_path, podman_ready):
     # The reader dies alone: no signal reaches the demo, it notices its output is gone.
     _stopped(tmp_path, r"\[stack\] server: starting", lambda d: d.kill_reader(), "its output is gone",
-             running=("postgres -D", "gpustack start --data-dir"))
+             running=("postgres -D", "start --data-dir"))
