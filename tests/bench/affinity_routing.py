@@ -8,9 +8,9 @@ each replica prefills every prompt again and keeps all of them cached. Affinity 
 schema's requests to the replica that has its prefix, within a load bound. This measures
 whether that pays: TTFT, throughput, cache hit rate and load balance, side by side.
 
-What runs: three real `dspark-serve` replicas (real vLLM on CPU; `--model expanded`, the default,
-is the fixture expanded to a ~86 M-parameter model's cost, `--model fixture` the tiny fixture
-for a quick smoke), started with VLLM_SERVER_DEV_MODE=1 (for `POST /reset_prefix_cache`) and a
+What runs: three real `dspark-serve` replicas (real vLLM on CPU; `--model real` the pretrained
+SmolLM2-135M-Instruct, `--model expanded`, the default, the fixture expanded to a ~86 M-parameter
+model's cost, `--model fixture` the tiny fixture for a quick smoke), started with VLLM_SERVER_DEV_MODE=1 (for `POST /reset_prefix_cache`) and a
 context of `--max-model-len` (default 2048, past the fixture's 1024 positions:
 VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; RoPE computes any position, the figures are about cost, not
 quality). Per routing configuration one real GPUStack server with the plugin (its own
@@ -102,7 +102,7 @@ from gpustack_dspark.devstack.replica import SERVED_NAME, Replica, start_replica
 from gpustack_dspark.devstack.server import GPUStackServer
 from gpustack_dspark.devstack.worker import GPUStackWorker, join_cpu_worker
 from gpustack_dspark.worker import request_limits
-from tests.bench.models import resolve
+from tests.bench.models import add_model_argument, resolve
 from tests.bench.schema_bench import DEFAULT_BENCH
 from tests.conftest import wait_for
 from tests.integration.shared_stack import listening
@@ -771,9 +771,7 @@ def print_summary(per_run: List[Dict[str, Dict[str, Any]]], names: List[str]) ->
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="expanded", metavar="MODEL",
-                        help="expanded (default: the fixture expanded to a ~86 M-parameter model's cost, built once "
-                             "and cached), fixture (tiny-order-llama, a quick smoke), or a model directory")
+    add_model_argument(parser, default="expanded")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--no-affinity-key", action="store_true",
                         help="write routing.yaml without the `affinity` block (a plugin that does not know it)")
