@@ -7,6 +7,7 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -194,10 +195,16 @@ def test_bench_schemas_validate_and_uncompilable_ones_are_served_or_400(replica)
     assert len(chosen) >= 20
     valid, withheld = [], []
     with httpx.Client(base_url=replica.base_url, timeout=180) as client:
-        for path in chosen:
+        def ask(path):
             schema = json.loads(Path(path).read_text())
-            r = chat(client, "Reply with a JSON object.", max_tokens=400, response_format={
+            return path, schema, chat(client, "Reply with a JSON object.", max_tokens=400, response_format={
                 "type": "json_schema", "json_schema": {"name": "bench", "schema": schema}})
+
+        # Four at a time: the replica batches them (30 one by one took 126 s of a loaded run);
+        # every reply is judged as before.
+        with ThreadPoolExecutor(4) as pool:
+            answered = list(pool.map(ask, chosen))
+        for path, schema, r in answered:
             if r.status_code == 500 and r.json()["error"]["type"] == "SchemaViolationError":
                 withheld.append((path, r.json()["error"]["message"][:200]))  # never delivered invalid
                 continue
