@@ -57,11 +57,13 @@ class RoutingStats:
     statuses: Dict[str, int] = field(default_factory=lambda: {"replica_4xx": 0, "replica_5xx": 0, "withheld": 0})
     worker_snapshots: Any = None  # the hooks' WorkerSnapshots, once applied
     # Tries whose replica went silent (silence.py): health checks made, answered alive, tries
-    # given up, and the longest a given-up try waited from its start to the give-up.
-    # Also the longest wait that was checked, kept and then answered: how close working
-    # replicas come to being given up.
+    # given up, the longest a given-up try waited from its start to the give-up, and the
+    # longest from its last sign of life (its start or an alive check) to the give-up: how long
+    # a dead replica held a try. Also the longest wait that was checked, kept and then
+    # answered: how close working replicas come to being given up.
     silence: Dict[str, float] = field(default_factory=lambda: {"checked": 0, "alive": 0, "given_up": 0,
                                                                "longest_given_up_wait_s": 0.0,
+                                                               "longest_given_up_silence_s": 0.0,
                                                                "longest_kept_wait_s": 0.0})
 
     def decided(self, decision: str) -> None:
@@ -305,6 +307,7 @@ def _given_up(ctx: "_Context", slot: RequestSlot, silent: silence.ReplicaSilent)
     stats["given_up"] += 1
     ctx.stats.retries["silent_given_up"] = ctx.stats.retries.get("silent_given_up", 0) + 1
     stats["longest_given_up_wait_s"] = round(max(stats["longest_given_up_wait_s"], silent.waited_s), 3)
+    stats["longest_given_up_silence_s"] = round(max(stats["longest_given_up_silence_s"], silent.silent_s), 3)
     if slot.instance_id is not None:
         ctx.tracker.failed(slot.instance_id)
     message = silence.given_up_message(slot.instance_id, silent)

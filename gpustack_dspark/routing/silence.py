@@ -46,11 +46,16 @@ def probe_timeout(silence_s: float) -> float:
 
 
 class ReplicaSilent(Exception):
-    """The try's replica sent nothing for `waited_s` seconds and failed its health check."""
+    """The try's replica sent nothing for `waited_s` seconds and failed its health check;
+    `silent_s` of them since the try's last sign of life (its wait's start, or a health check
+    that found the replica alive): how long the give-up took once the replica stopped answering.
+    A slow replica checked alive and kept for minutes before it died has a long `waited_s` and
+    a short `silent_s`."""
 
-    def __init__(self, waited_s: float, reason: str):
+    def __init__(self, waited_s: float, reason: str, silent_s: Optional[float] = None):
         super().__init__(f"sent nothing for {waited_s:.0f} s and failed its health check ({reason})")
         self.waited_s = waited_s
+        self.silent_s = waited_s if silent_s is None else silent_s
         self.reason = reason
 
 
@@ -199,6 +204,7 @@ class SilenceWatch:
                 continue
             # The waiting task is suspended in `await awaitable` (the only place it waits while
             # `_waiting_since` is set): the cancellation lands there.
-            self._given_up = ReplicaSilent(self.clock() - since, reason)
+            now = self.clock()
+            self._given_up = ReplicaSilent(now - since, reason, silent_s=now - max(since, self._alive_at))
             self._task.cancel()
             return

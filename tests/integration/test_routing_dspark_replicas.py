@@ -368,7 +368,10 @@ def test_soak_1000_concurrent_requests_one_replica_killed_nothing_lost(stack):
     print(f"[soak] silence: {silence}")
     assert silence["timeout_s"] == SILENCE_S
     assert silence["given_up"] > idle["silence"]["given_up"], silence
-    assert silence["longest_given_up_wait_s"] <= GIVE_UP_BOUND_S, silence
+    # From each given-up try's last sign of life: the shared platform's server also carries the
+    # earlier modules' tries, and a landing run gave up two there after 936 s of waiting on a
+    # slow real-model replica that was checked alive throughout and then stopped at its module's end.
+    assert silence["longest_given_up_silence_s"] <= GIVE_UP_BOUND_S, silence
     assert all(v["in_flight"] == 0 for v in routing["in_flight"].values()), routing["in_flight"]
     own = {k: v - TABLES_BEFORE.get(k, 0) for k, v in routing["tables"].items()}
     assert max(own.values()) <= 8, (routing["tables"], TABLES_BEFORE)  # per instance, not per request

@@ -80,7 +80,8 @@ def wait_routable(base_url: str, api_key: str, model: str, timeout_s: float = 60
         try:
             last = httpx.post(f"{base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"},
                               json=body or {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                            "response_format": {"type": "json_object"}}, timeout=10)
+                                            "response_format": {"type": "json_object"}, "max_tokens": 4},
+                              timeout=10)
             if last.status_code == 200:
                 return
         except httpx.HTTPError as e:

@@ -69,6 +69,9 @@ def test_a_silent_replica_that_fails_its_check_is_given_up_and_its_wait_cancelle
     silent, checks = asyncio.run(go())
     assert cancelled and checks == ["checked", "checked"]  # alive once, then not: given up at the second
     assert silent.reason == "HTTP 503: Cannot connect" and silent.waited_s >= 0.2
+    # Silent since the alive check (~0.1 s in), not since the wait began: how long the dead
+    # replica held the try, apart from the time it was kept while alive.
+    assert 0.09 <= silent.silent_s <= silent.waited_s - 0.09, (silent.silent_s, silent.waited_s)
     assert "sent nothing for" in str(silent) and "failed its health check (HTTP 503: Cannot connect)" in str(silent)
 
 
