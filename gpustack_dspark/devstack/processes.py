@@ -20,9 +20,9 @@ def venv_bin(name: str) -> str:
 # `gpustack start` through the interpreter, not its console script. GPUStack starts its children
 # with multiprocessing's "spawn" (the worker's model-file Manager and download pool, one process
 # per model instance it serves), and a spawned child re-imports the parent's main script: the
-# console script's `from gpustack.main import main` costs 14.5 s of CPU per child here (FastAPI
-# builds its 1,500 routes), where what the child unpickles needs 5 s. Run from `-c`, the main
-# module has no file and the children import only what they run (docs/architecture.md).
+# console script's `from gpustack.main import main`, all of GPUStack's server with it. Run from
+# `-c`, the main module has no file and the children import only what they run (the cost:
+# docs/architecture.md, the devstack row).
 GPUSTACK_MAIN = "import sys; from gpustack.main import main; sys.argv[0] = 'gpustack'; sys.exit(main())"
 
 
