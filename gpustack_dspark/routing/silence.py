@@ -52,10 +52,10 @@ class ReplicaSilent(Exception):
     A slow replica checked alive and kept for minutes before it died has a long `waited_s` and
     a short `silent_s`."""
 
-    def __init__(self, waited_s: float, reason: str, silent_s: Optional[float] = None):
+    def __init__(self, waited_s: float, silent_s: float, reason: str):
         super().__init__(f"sent nothing for {waited_s:.0f} s and failed its health check ({reason})")
         self.waited_s = waited_s
-        self.silent_s = waited_s if silent_s is None else silent_s
+        self.silent_s = silent_s
         self.reason = reason
 
 
@@ -205,6 +205,6 @@ class SilenceWatch:
             # The waiting task is suspended in `await awaitable` (the only place it waits while
             # `_waiting_since` is set): the cancellation lands there.
             now = self.clock()
-            self._given_up = ReplicaSilent(now - since, reason, silent_s=now - max(since, self._alive_at))
+            self._given_up = ReplicaSilent(now - since, now - max(since, self._alive_at), reason)
             self._task.cancel()
             return
