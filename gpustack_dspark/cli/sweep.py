@@ -245,7 +245,7 @@ def _run(args: argparse.Namespace, ctrl_c: CtrlC) -> int:
 def _start(serve: Path, model: Path, device: str, log: Path, args: List[str]):
     """A scratch replica on loopback (devstack's process handling: its own process group,
     stopped with the sweep)."""
-    from gpustack_dspark.devstack.postgres import free_port
+    from gpustack_dspark.devstack.ports import free_port
     from gpustack_dspark.devstack.processes import ManagedProcess
     from gpustack_dspark.devstack.replica import CPU_VLLM_ARGS, SERVED_NAME, Replica, worker_env
 

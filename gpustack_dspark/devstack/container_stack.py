@@ -21,9 +21,10 @@ from gpustack_dspark.devstack import podman as podman_host
 from gpustack_dspark.devstack.api import GPUStackAPI
 from gpustack_dspark.devstack.image import ImageBuild, cpu_image_name
 from gpustack_dspark.devstack.demo_model import FIXTURE_MODEL_FILE, apply_model_file, model_name_and_replicas
-from gpustack_dspark.devstack.postgres import Postgres, free_port
+from gpustack_dspark.devstack.ports import free_port, free_port_range
+from gpustack_dspark.devstack.postgres import Postgres
 from gpustack_dspark.devstack.server import GPUStackServer
-from gpustack_dspark.devstack.worker import GPUStackWorker, free_port_range
+from gpustack_dspark.devstack.worker import GPUStackWorker
 from gpustack_dspark.settings import PluginSettings
 
 RUNNING = "running"

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from gpustack_dspark.devstack.ports import free_port
+
 DATABASE = "gpustack"
 
 
@@ -106,14 +108,6 @@ class Postgres:
         common = ["-h", "127.0.0.1", "-p", str(self.port), "-U", self.user]
         self._run(str(bin_dir / "dropdb"), *common, "--if-exists", "--force", DATABASE)
         self._run(str(bin_dir / "createdb"), *common, DATABASE)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_postgres(data_dir: Path, port: Optional[int] = None) -> Postgres:

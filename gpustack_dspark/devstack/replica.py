@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 
 import httpx
 
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 from gpustack_dspark.devstack.processes import ManagedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

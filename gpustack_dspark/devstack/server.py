@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 from gpustack_dspark.devstack.processes import ManagedProcess, gpustack_command, loopback_env
 
 ADMIN_USER = "admin"

@@ -1,13 +1,11 @@
 """A real GPUStack CPU worker joined to a devstack server, on loopback."""
 
-import random
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from gpustack_dspark.devstack.api import GPUStackAPI
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 from gpustack_dspark.devstack.processes import ManagedProcess, gpustack_command, loopback_env
 from gpustack_dspark.devstack.worker_tools import seed_worker_tools
 
@@ -61,21 +59,6 @@ class GPUStackWorker:
         if self.process is not None:
             self.process.stop()
             self.process = None
-
-
-def free_port_range(size: int = 64, low: int = 41000, high: int = 60000) -> str:
-    """A block of `size` ports on 127.0.0.1 that are free now, e.g. "41664-41727"."""
-    starts = list(range(low, high - size, size))
-    random.shuffle(starts)
-    for start in starts:
-        try:
-            for port in range(start, start + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return f"{start}-{start + size - 1}"
-        except OSError:
-            continue
-    raise RuntimeError(f"no {size} free ports in {low}-{high}")
 
 
 def join_cpu_worker(api: GPUStackAPI, server_url: str, name: str, data_dir: Path,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gpustack_dspark.devstack import podman as podman_host
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 
 from tests.integration.demo_support import PipedDemo, assert_nothing_left
 

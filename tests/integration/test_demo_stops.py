@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from gpustack_dspark.devstack import podman as podman_host
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 
 from tests.conftest import wait_for
 from tests.integration.demo_support import PipedDemo, assert_nothing_left

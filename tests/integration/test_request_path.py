@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from gpustack_dspark.bench.workloads import ORDER_SCHEMA
-from gpustack_dspark.devstack.postgres import free_port
+from gpustack_dspark.devstack.ports import free_port
 from gpustack_dspark.devstack.replica import SERVED_NAME, start_replica, worker_env, worker_python
 from tests.bench.schema_bench import DEFAULT_BENCH
 from tests.bench.tools_and_streams import PROMPTS, tools as _auto_tools

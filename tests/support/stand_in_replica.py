@@ -25,7 +25,6 @@ chunk, as vLLM's does.
 import asyncio
 import json
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+
+from gpustack_dspark.devstack.ports import free_port
 
 
 TOKENS_PER_WORK = 16
@@ -99,7 +100,7 @@ class StandInReplica:
         self.cold_s: float = 0.0
         self.warm_at: Optional[float] = None
         self.stats = ReplicaStats()
-        self.port = _free_port()
+        self.port = free_port()
         self._server: Optional[uvicorn.Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -289,12 +290,6 @@ _QUIET = _QuietCancellations()
 def _split(text: str, parts: int) -> List[str]:
     size = max(1, -(-len(text) // max(1, parts)))
     return [text[i * size:(i + 1) * size] for i in range(max(1, parts))]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_replicas(names: List[str], **kwargs) -> List[StandInReplica]:
