@@ -39,7 +39,7 @@ BENCH = Path("/work/shared/data/jsonschemabench")
 if not BENCH.exists():
     BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
 SCHEMA_FILES = sorted((BENCH / "Glaiveai2K").glob("*.json"))[:11]
-PROMPTS_PER_SCHEMA = 5
+PROMPTS_PER_SCHEMA = 3  # 12 schemas x 3: 36 greedy replies compared (60 took 96 s of a CI run)
 MAX_TOKENS = 64
 LAYER_ARGS = ["--enable-dspark", "--dspark-speculative-length=8"]
 # 256 tokens per step: with 8 requests in flight and prompts of a few hundred tokens, prefills
@@ -128,7 +128,7 @@ def test_greedy_output_is_token_identical_with_and_without_the_layer(replicas):
         assert r1["usage"]["completion_tokens"] == r2["usage"]["completion_tokens"]
         compared += 1
         schemas_seen.add(json.dumps(body["response_format"]["json_schema"]["schema"], sort_keys=True))
-    assert compared >= 50 and len(schemas_seen) >= 10, (compared, len(schemas_seen))
+    assert compared >= 30 and len(schemas_seen) >= 10, (compared, len(schemas_seen))
 
     counters = drafting_counters(replicas["layer"])
     assert counters["forced_proposed"] > 0 and counters["statistical_proposed"] > 0
@@ -202,7 +202,9 @@ def test_layer_steps_aside_for_requests_without_a_grammar(replicas):
     assert "DSpark drafting off for request" in log and "it has no grammar" in log
 
 
-EXACTNESS_SAMPLES = 300
+# 200 per arm (300 until 2026-12-07; six arms were 224 s of CI): the wrong variant's TV of about
+# 0.4 stays far above the noise of a correct one's (about 0.15 over 24 replies at this size).
+EXACTNESS_SAMPLES = 200
 # p-values below this reject "one distribution"; a correct variant fails by chance 1 run in 1,000
 # per comparison, and a rejection is confirmed on fresh samples (below): 1 in 1,000,000.
 EXACTNESS_ALPHA = 0.001

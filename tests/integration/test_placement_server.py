@@ -4,6 +4,7 @@ PostgreSQL; models created through GPUStack's API; labels set with `gpustack-dsp
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -80,9 +81,21 @@ def stack(start_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("workers")
     workers = {}
     try:
-        workers["json"] = join_cpu_worker(api, server.url, "json-cpu", base / "json-cpu",
-                                          labels={"role": "json-inference"})
-        workers["gen"] = join_cpu_worker(api, server.url, "gen-cpu", base / "gen-cpu")
+        # Both join at once (a join is mostly the worker's own start-up, waited on), into the
+        # cluster made first, so that the two joins do not both create it.
+        api.ensure_cluster("dspark-local")
+        with ThreadPoolExecutor(2) as pool:
+            joining = {"json": pool.submit(join_cpu_worker, api, server.url, "json-cpu", base / "json-cpu",
+                                           labels={"role": "json-inference"}),
+                       "gen": pool.submit(join_cpu_worker, api, server.url, "gen-cpu", base / "gen-cpu")}
+            failures = []
+            for role, future in joining.items():
+                try:
+                    workers[role] = future.result()
+                except Exception as e:  # the other worker is still stopped below
+                    failures.append(e)
+        if failures:
+            raise failures[0]
         _plain_backend(api)
         yield server, api, workers, tmp_path_factory.mktemp("models")
     finally:
