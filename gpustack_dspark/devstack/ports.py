@@ -1,16 +1,16 @@
-"""Ports for devstack servers: free on 127.0.0.1 now, and below the kernel's ephemeral range.
+"""Ports for devstack servers: free on 127.0.0.1 when handed out, and outside the kernel's
+ephemeral range.
 
-Why below it: a port asked of the kernel with bind(0) comes from the ephemeral range, the same
-range every outgoing connection takes its local port from. Between the choice and the server's
-own bind (GPUStack: seconds of imports) a client socket of another process may take it, and the
-server dies with "address already in use" (seen in a clean-clone CI run: a GPUStack server's API
-port taken while the other test stream ran 1,000 concurrent requests). Ports below the range
-are never handed to clients, so only another listener can take them, and this module hands each
-one out once per process.
+Why outside it: a port asked of the kernel with bind(0) comes from the ephemeral range, the same
+range every outgoing connection takes its local port from, so between the choice and the
+server's own bind (GPUStack: seconds of imports) a client socket may take it and the server
+dies with "address already in use". Ports outside the range are never handed to clients.
 
 Contract: `free_port()` and `free_port_range(size)` return ports that were bindable on
-127.0.0.1 when returned, drawn at random (SystemRandom: two processes with the same seeded
-`random` state do not draw the same ports) from LOW up to the ephemeral range's start.
+127.0.0.1 when returned, never the same port twice in one process, drawn at random
+(SystemRandom: processes with the same seeded `random` state do not draw alike) from LOW up to
+the ephemeral range's start; above the range where it starts too low; where neither leaves room,
+from LOW up, ephemeral ports included (the race returns there).
 """
 
 import random
@@ -20,6 +20,7 @@ from typing import Set, Tuple
 
 LOW = 20000  # above the usual fixed service ports (PostgreSQL 5432, 8080, 9090, ...)
 EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
+ROOM = 4096  # the fewest ports a window must hold
 _RANDOM = random.SystemRandom()
 _HANDED_OUT: Set[int] = set()
 
@@ -33,11 +34,13 @@ def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"))
 
 
 def _window() -> Tuple[int, int]:
-    """[low, high) to draw from: below the ephemeral range, or above it where it starts too low."""
+    """[low, high) to draw from (see the contract)."""
     eph_low, eph_high = ephemeral_range()
-    if eph_low - LOW >= 4096:
+    if eph_low - LOW >= ROOM:
         return LOW, eph_low
-    return eph_high + 1, 65536
+    if 65536 - (eph_high + 1) >= ROOM:
+        return eph_high + 1, 65536
+    return LOW, 65536
 
 
 def _bindable(port: int) -> bool:

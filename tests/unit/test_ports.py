@@ -1,4 +1,4 @@
-"""devstack/ports.py: ports for devstack servers come from below the kernel's ephemeral range
+"""devstack/ports.py: ports for devstack servers come from outside the kernel's ephemeral range
 (where no client socket takes them between the choice and the server's bind), bindable when
 handed out, and never handed out twice by one process."""
 
@@ -7,11 +7,13 @@ import socket
 from gpustack_dspark.devstack import ports
 
 
-def test_ports_are_free_below_the_ephemeral_range_and_never_repeated():
-    eph_low, _ = ports.ephemeral_range()
+def test_ports_are_free_outside_the_ephemeral_range_and_never_repeated():
+    low, high = ports._window()
+    eph_low, eph_high = ports.ephemeral_range()
+    assert high <= eph_low or low > eph_high  # this machine's range leaves room (Linux's default does)
     seen = [ports.free_port() for _ in range(300)]
     assert len(set(seen)) == len(seen)
-    assert all(ports.LOW <= p < eph_low for p in seen), (min(seen), max(seen), eph_low)
+    assert all(low <= p < high for p in seen), (min(seen), max(seen), low, high)
     with socket.socket() as s:  # still free now
         s.bind(("127.0.0.1", seen[-1]))
 
@@ -44,3 +46,5 @@ def test_a_low_ephemeral_range_moves_the_window_above_it(monkeypatch, tmp_path):
     assert ports.ephemeral_range(tmp_path / "missing") == ports.EPHEMERAL_DEFAULT
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 49999))
     assert ports._window() == (50000, 65536)
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))  # no room outside it
+    assert ports._window() == (ports.LOW, 65536)
