@@ -8,7 +8,10 @@ so a fresh seed gives requests no replica has seen, and a reply can be scored ag
 record leaf by leaf. The tasks are kept simple for a small instruct model (SmolLM2-135M): a
 short paragraph that states every value literally (numbers and dates exactly as the record
 writes them), one worked example from a different seed as a user/assistant turn before it, and
-a schema with bounded strings and arrays so a weak model cannot loop.
+a schema with bounded strings and arrays so a weak model cannot loop. The example is drawn per
+request (`example="per-request"`, the default) or is one per family (`"per-family"`), as an
+application's fixed few-shot prompt is: then every request of a family shares the prompt up to
+its own text (what a server's prefix cache can hold), and the text is still new.
 
 Contract:
 - `task(family, seed)` is a function of its arguments: the same seed gives the same task, in
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 FAMILIES: Tuple[str, ...] = ("order", "invoice", "contact", "ticket", "event", "product")
+EXAMPLES: Tuple[str, ...] = ("per-request", "per-family")  # where a task's worked example is drawn from
 CURRENCIES = ("USD", "EUR", "GBP")
 PRIORITIES = ("low", "medium", "high", "urgent")
 CATEGORIES = ("billing", "technical", "account", "shipping")
@@ -352,6 +356,11 @@ def _check_family(family: Any) -> None:
         raise ValueError(f"family {family!r} is unknown (allowed: {', '.join(FAMILIES)})")
 
 
+def _check_example(example: Any) -> None:
+    if example not in EXAMPLES:
+        raise ValueError(f"example {example!r} is unknown (allowed: {', '.join(EXAMPLES)})")
+
+
 def _check_int(name: str, value: Any, low: Optional[int] = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
         raise ValueError(f"{name} {value!r} is not an integer" + (f" >= {low}" if low is not None else ""))
@@ -366,28 +375,33 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def task(family: str, seed: int) -> Task:
+def task(family: str, seed: int, example: str = "per-request") -> Task:
     """The `family` task written from `seed`: its worked example comes from another seed derived
-    from this one, never with the same text."""
+    from this one (`per-request`) or from the family (`per-family`: the same for every task of
+    the family but the rare one whose text it repeats), never with the same text."""
     _check_family(family)
     _check_int("seed", seed)
+    _check_example(example)
     truth, text = _written(family, seed)
+    base = ("example", seed) if example == "per-request" else ("example", family)
     for attempt in range(1000):
-        example, example_text = _written(family, _derive("example", seed, attempt))
-        if example_text != text and example != truth:
+        example_record, example_text = _written(family, _derive(*base, attempt))
+        if example_text != text and example_record != truth:
             break
     # The example as a turn of the conversation: a small model copies it from there better than
     # from the system message (docs/drafting.md, "The real model").
     system = f"Extract the {family} from the user's text as JSON. Use only values stated in the text."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": example_text},
-                {"role": "assistant", "content": _compact(example)}, {"role": "user", "content": text}]
+                {"role": "assistant", "content": _compact(example_record)}, {"role": "user", "content": text}]
     return Task(family, seed, messages, _schema(family), truth, 2 * math.ceil(len(json.dumps(truth)) / 2) + 32)
 
 
-def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES) -> List[Task]:
+def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES, example: str = "per-request") -> List[Task]:
     """`count` tasks taking `families` in turn; task i from a seed derived from (seed, i) (from
-    (seed, i, k) in the rare case its text repeats an earlier one's), so all user texts differ."""
+    (seed, i, k) in the rare case its text repeats an earlier one's), so all user texts differ.
+    `example`: as in `task`."""
     _check_int("seed", seed)
+    _check_example(example)
     _check_int("count", count, 0)
     if isinstance(families, str) or not families:
         raise ValueError(f"families {families!r} is not a non-empty sequence (allowed: {', '.join(FAMILIES)})")
@@ -398,7 +412,7 @@ def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES) -> List[Tas
     for i in range(count):
         family = families[i % len(families)]
         for k in range(1000):
-            t = task(family, _derive(seed, i) if k == 0 else _derive(seed, i, k))
+            t = task(family, _derive(seed, i) if k == 0 else _derive(seed, i, k), example)
             if t.messages[-1]["content"] not in seen:
                 break
         seen.add(t.messages[-1]["content"])
@@ -410,13 +424,14 @@ class TaskStream:
     """`tasks(seed, n)` for an n not known in advance (a run limited by time): the i-th task,
     the list grown by doubling as needed (tasks' prefixes do not depend on n)."""
 
-    def __init__(self, seed: int, families: Sequence[str] = FAMILIES):
-        self.seed, self.families = seed, families
+    def __init__(self, seed: int, families: Sequence[str] = FAMILIES, example: str = "per-request"):
+        _check_example(example)
+        self.seed, self.families, self.example = seed, families, example
         self._tasks: List[Task] = []
 
     def __getitem__(self, i: int) -> Task:
         if i >= len(self._tasks):
-            self._tasks = tasks(self.seed, max(2 * len(self._tasks), i + 1, 16), self.families)
+            self._tasks = tasks(self.seed, max(2 * len(self._tasks), i + 1, 16), self.families, self.example)
         return self._tasks[i]
 
 

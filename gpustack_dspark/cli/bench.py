@@ -50,6 +50,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="extraction: the requests' seed (default: a new one each run, printed), so no "
                              "replica is measured on a request it has seen")
+    parser.add_argument("--example", choices=extraction.EXAMPLES, default=None,
+                        help="extraction: each request's worked example drawn for it (per-request, the default), or one per family "
+                             "as an application's fixed few-shot prompt (a family's requests then share their "
+                             "prompt up to the text, which a prefix cache can hold; --warmup fills it)")
     parser.add_argument("--stream", action="store_true", help="stream replies (measures TTFT)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N", help="uncounted requests first (default 0)")
     parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per request (default 120)")
@@ -121,6 +125,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
     else:
         if args.seed is not None:
             raise CLIError("--seed is for --workload extraction (the order-JSON workload is not seeded)")
+        if args.example is not None:
+            raise CLIError(f"--example {args.example} is for --workload extraction (the order-JSON workload "
+                           "has no worked example)")
         body, check = _schema_workload(args)
     requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -154,7 +161,9 @@ def _extraction_workload(args: argparse.Namespace):
     tasks in `args.tasks` for scoring): replies are judged after the run, each by its own task."""
     if args.seed is None:
         args.seed = secrets.randbelow(1 << 30)
-    measured, warmup = extraction.TaskStream(args.seed), extraction.TaskStream(args.seed + 1)
+    args.example = args.example or extraction.EXAMPLES[0]
+    measured = extraction.TaskStream(args.seed, example=args.example)
+    warmup = extraction.TaskStream(args.seed + 1, example=args.example)
     args.tasks = measured
 
     def body(i, model):  # the warmup's indices are negative: tasks of their own
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workload == "extraction":
         figures = [scored(f, r, args.tasks) for f, r in zip(figures, runs)]
         workload = (f"extraction (six families, seed {args.seed}: requests no replica has seen unless that "
-                    "seed was run before)")
+                    f"seed was run before; worked example {args.example})")
     else:
         workload = f"schema {args.schema}" if args.schema else "built-in order-JSON workload"
     described = {

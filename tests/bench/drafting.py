@@ -91,11 +91,12 @@ def workload_names(kind: str) -> List[str]:
 
 
 def batch(workload: str, count: int, serial: int, seed: int, max_tokens: int, temperature: float,
-          top_p: Optional[float]) -> Batch:
+          top_p: Optional[float], example: str = "per-request") -> Batch:
     """`count` requests of `workload` no earlier batch of this run had: `serial` numbers the batch
-    (a round and concurrency level, or the warmup), and each serial draws new requests."""
+    (a round and concurrency level, or the warmup), and each serial draws new requests
+    (extraction: their worked examples as `example` says, `extraction.EXAMPLES`)."""
     if workload == EXTRACTION:
-        tasks = extraction.tasks(seed * 1000 + serial, count)
+        tasks = extraction.tasks(seed * 1000 + serial, count, example=example)
         return Batch([extraction.body(t, SERVED_NAME, temperature, top_p) for t in tasks], None, tasks)
     if workload == "order JSON":
         bodies, schema = [order_body(serial * count + i, max_tokens, temperature, SERVED_NAME)
@@ -332,6 +333,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="the run's seed (default: a new one, printed): every round and concurrency level "
                              "draws requests no replica has seen")
+    parser.add_argument("--example", choices=extraction.EXAMPLES, default="per-request",
+                        help="extraction: each request's worked example drawn for it (default), or one per "
+                             "family, as an application's fixed few-shot prompt (the family's requests then share "
+                             "their prompt up to the text: a prefix cache can hold it; use --warmup to fill it)")
     add_model_argument(parser)
     args = parser.parse_args(argv)
     model, model_args = resolve(args.model)
@@ -352,7 +357,7 @@ def main(argv=None) -> None:
     def requests(r: int, level: int, workload: str) -> Batch:
         if (r, level, workload) not in batches:
             batches[(r, level, workload)] = batch(workload, args.requests, next(serials), seed, args.max_tokens,
-                                                  args.temperature, args.top_p)
+                                                  args.temperature, args.top_p, args.example)
         return batches[(r, level, workload)]
 
     def warm(replica, name: str) -> None:
@@ -361,7 +366,8 @@ def main(argv=None) -> None:
         served it."""
         for workload in names:
             if args.warmup:
-                warmup = batch(workload, args.warmup, 0, seed, args.max_tokens, args.temperature, args.top_p)
+                warmup = batch(workload, args.warmup, 0, seed, args.max_tokens, args.temperature, args.top_p,
+                               args.example)
                 asyncio.run(run_load(replica.base_url, for_variant(name, warmup.bodies), 8))
     logs = Path(tempfile.mkdtemp(prefix="dspark-drafting-bench-"))
     results: Dict[str, List[Tuple[str, Dict[str, float]]]] = {f"{w}, concurrency {c}": [] for c in levels
@@ -432,7 +438,10 @@ def main(argv=None) -> None:
     print(f"requests: fresh (seed {seed}): every round and concurrency level draws requests of its own, each "
           "sent once to each replica, so no replica is measured on a request it has seen (its suffix history, "
           "verifier rows and prefix cache hold only earlier, other requests); arms in the order "
-          f"{', '.join(str((first + k) % len(chosen) + 1) for k in range(len(chosen)))} in the first round, rotating")
+          f"{', '.join(str((first + k) % len(chosen) + 1) for k in range(len(chosen)))} in the first round, rotating"
+          + ("; each family's worked example the same in every request (its prompt up to the text shared, "
+             "as an application's fixed few-shot prompt)" if kind == "extraction" and args.example == "per-family"
+             else ""))
     for workload, rows in results.items():
         report(workload, rows)
         report_sources(rows)

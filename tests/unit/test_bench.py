@@ -83,6 +83,7 @@ def test_workload_bodies_ask_for_the_schema():
     (["--server", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
     (["--workload", "extraction", "--schema", "s.json"], "--schema and --workload extraction: give one"),
     (["--seed", "3"], "--seed is for --workload extraction"),
+    (["--example", "per-family"], "--example per-family is for --workload extraction"),
     (["--workload", "invoices"], None),
 ])
 def test_bad_arguments_give_one_line_errors(argv, message, capsys, monkeypatch, tmp_path):

@@ -135,9 +135,29 @@ def test_no_two_user_texts_are_equal_across_rounds_and_seeds():
 def test_a_repeated_text_is_written_again_from_another_seed(monkeypatch):
     real = x.task
     repeat = x._derive(1, 1)
-    monkeypatch.setattr(x, "task", lambda family, seed: real(family, x._derive(1, 0) if seed == repeat else seed))
+    monkeypatch.setattr(x, "task", lambda family, seed, example: real(family, x._derive(1, 0) if seed == repeat else seed,
+                                                                      example))
     got = x.tasks(1, 2, families=("order",))
     assert _user(got[0]) != _user(got[1]) and got[1].seed == x._derive(1, 1, 1)
+
+
+def test_a_per_family_example_is_shared_by_the_familys_tasks_whose_texts_stay_new():
+    shared = x.tasks(5, 24, example="per-family")
+    fresh = x.tasks(5, 24)
+    assert [_user(t) for t in shared] == [_user(t) for t in fresh]  # the same texts and truths
+    assert [t.truth for t in shared] == [t.truth for t in fresh]
+    for family in x.FAMILIES:
+        prompts = {json.dumps(t.messages[:3]) for t in shared if t.family == family}
+        assert len(prompts) == 1  # system message and worked example: one prefix per family
+        assert len({json.dumps(t.messages[:3]) for t in fresh if t.family == family}) == 4
+    assert len({json.dumps(t.messages[:3]) for t in shared}) == len(x.FAMILIES)
+    assert x.TaskStream(5, example="per-family")[23] == shared[23]
+    # The one task written from the family example's own seed gets the next example.
+    own = x.task("order", x._derive("example", "order", 0), example="per-family")
+    assert own.messages[1]["content"] == x._written("order", x._derive("example", "order", 1))[1]
+    assert shared[0].messages[1]["content"] == _user(own) != own.messages[1]["content"]
+    with pytest.raises(ValueError, match=r"example 'shared' is unknown \(allowed: per-request, per-family\)"):
+        x.tasks(5, 3, example="shared")
 
 
 def test_money_is_written_with_two_decimals():
