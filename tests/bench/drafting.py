@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import secrets
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -337,9 +338,13 @@ def main(argv=None) -> None:
                         help="extraction: each request's worked example drawn for it (default), or one per "
                              "family, as an application's fixed few-shot prompt (the family's requests then share "
                              "their prompt up to the text: a prefix cache can hold it; use --warmup to fill it)")
+    parser.add_argument("--vllm-args", default="", metavar="ARGS",
+                        help="more engine arguments for every arm's replica, one shell-quoted string "
+                             "(e.g. '--block-size 32': vLLM's CPU default is 128, the prefix cache's unit)")
     add_model_argument(parser)
     args = parser.parse_args(argv)
     model, model_args = resolve(args.model)
+    model_args = model_args + shlex.split(args.vllm_args)
     kind = args.workload or ("extraction" if args.model == "real" else "classic")
     seed = args.seed if args.seed is not None else secrets.randbelow(1 << 20)
 
@@ -433,8 +438,8 @@ def main(argv=None) -> None:
                 replica.stop()
     print(f"{args.requests} requests per workload (after {args.warmup} warmup), concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
           f"temperature {args.temperature}, top_p {args.top_p or 'unset'}, speculative length {args.length}; model {model.name}; "
-          f"{args.rounds} round(s); "
-          "real vLLM 0.32 on this CPU")
+          f"{args.rounds} round(s); " + (f"engine arguments {args.vllm_args!r} on every arm; " if args.vllm_args else "")
+          + "real vLLM 0.32 on this CPU")
     print(f"requests: fresh (seed {seed}): every round and concurrency level draws requests of its own, each "
           "sent once to each replica, so no replica is measured on a request it has seen (its suffix history, "
           "verifier rows and prefix cache hold only earlier, other requests); arms in the order "
