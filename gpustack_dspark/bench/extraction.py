@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 FAMILIES: Tuple[str, ...] = ("order", "invoice", "contact", "ticket", "event", "product")
-EXAMPLES: Tuple[str, ...] = ("per-request", "per-family")  # where a task's worked example is drawn from
+# Where a task's worked example is drawn from: its own seed, or its family (one per family).
+PER_REQUEST, PER_FAMILY = "per-request", "per-family"
+EXAMPLES: Tuple[str, ...] = (PER_REQUEST, PER_FAMILY)
 CURRENCIES = ("USD", "EUR", "GBP")
 PRIORITIES = ("low", "medium", "high", "urgent")
 CATEGORIES = ("billing", "technical", "account", "shipping")
@@ -375,7 +377,7 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def task(family: str, seed: int, example: str = "per-request") -> Task:
+def task(family: str, seed: int, example: str = PER_REQUEST) -> Task:
     """The `family` task written from `seed`: its worked example comes from another seed derived
     from this one (`per-request`) or from the family (`per-family`: the same for every task of
     the family but the rare one whose text it repeats), never with the same text."""
@@ -383,7 +385,7 @@ def task(family: str, seed: int, example: str = "per-request") -> Task:
     _check_int("seed", seed)
     _check_example(example)
     truth, text = _written(family, seed)
-    base = ("example", seed) if example == "per-request" else ("example", family)
+    base = ("example", seed) if example == PER_REQUEST else ("example", family)
     for attempt in range(1000):
         example_record, example_text = _written(family, _derive(*base, attempt))
         if example_text != text and example_record != truth:
@@ -396,7 +398,7 @@ def task(family: str, seed: int, example: str = "per-request") -> Task:
     return Task(family, seed, messages, _schema(family), truth, 2 * math.ceil(len(json.dumps(truth)) / 2) + 32)
 
 
-def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES, example: str = "per-request") -> List[Task]:
+def tasks(seed: int, count: int, families: Sequence[str] = FAMILIES, example: str = PER_REQUEST) -> List[Task]:
     """`count` tasks taking `families` in turn; task i from a seed derived from (seed, i) (from
     (seed, i, k) in the rare case its text repeats an earlier one's), so all user texts differ.
     `example`: as in `task`."""
@@ -424,7 +426,7 @@ class TaskStream:
     """`tasks(seed, n)` for an n not known in advance (a run limited by time): the i-th task,
     the list grown by doubling as needed (tasks' prefixes do not depend on n)."""
 
-    def __init__(self, seed: int, families: Sequence[str] = FAMILIES, example: str = "per-request"):
+    def __init__(self, seed: int, families: Sequence[str] = FAMILIES, example: str = PER_REQUEST):
         _check_example(example)
         self.seed, self.families, self.example = seed, families, example
         self._tasks: List[Task] = []

@@ -51,9 +51,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
                         help="extraction: the requests' seed (default: a new one each run, printed), so no "
                              "replica is measured on a request it has seen")
     parser.add_argument("--example", choices=extraction.EXAMPLES, default=None,
-                        help="extraction: each request's worked example drawn for it (per-request, the default), or one per family "
-                             "as an application's fixed few-shot prompt (a family's requests then share their "
-                             "prompt up to the text, which a prefix cache can hold; --warmup fills it)")
+                        help="extraction: each request's worked example drawn for it (per-request, the "
+                             "default), or one per family as an application's fixed few-shot prompt (a family's "
+                             "requests then share their prompt up to the text, which a prefix cache can hold; "
+                             "--warmup fills it)")
     parser.add_argument("--stream", action="store_true", help="stream replies (measures TTFT)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N", help="uncounted requests first (default 0)")
     parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per request (default 120)")
@@ -161,7 +162,7 @@ def _extraction_workload(args: argparse.Namespace):
     tasks in `args.tasks` for scoring): replies are judged after the run, each by its own task."""
     if args.seed is None:
         args.seed = secrets.randbelow(1 << 30)
-    args.example = args.example or extraction.EXAMPLES[0]
+    args.example = args.example or extraction.PER_REQUEST
     measured = extraction.TaskStream(args.seed, example=args.example)
     warmup = extraction.TaskStream(args.seed + 1, example=args.example)
     args.tasks = measured

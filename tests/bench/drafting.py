@@ -92,7 +92,7 @@ def workload_names(kind: str) -> List[str]:
 
 
 def batch(workload: str, count: int, serial: int, seed: int, max_tokens: int, temperature: float,
-          top_p: Optional[float], example: str = "per-request") -> Batch:
+          top_p: Optional[float], example: str = extraction.PER_REQUEST) -> Batch:
     """`count` requests of `workload` no earlier batch of this run had: `serial` numbers the batch
     (a round and concurrency level, or the warmup), and each serial draws new requests
     (extraction: their worked examples as `example` says, `extraction.EXAMPLES`)."""
@@ -334,7 +334,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="the run's seed (default: a new one, printed): every round and concurrency level "
                              "draws requests no replica has seen")
-    parser.add_argument("--example", choices=extraction.EXAMPLES, default="per-request",
+    parser.add_argument("--example", choices=extraction.EXAMPLES, default=extraction.PER_REQUEST,
                         help="extraction: each request's worked example drawn for it (default), or one per "
                              "family, as an application's fixed few-shot prompt (the family's requests then share "
                              "their prompt up to the text: a prefix cache can hold it; use --warmup to fill it)")
@@ -445,7 +445,7 @@ def main(argv=None) -> None:
           "verifier rows and prefix cache hold only earlier, other requests); arms in the order "
           f"{', '.join(str((first + k) % len(chosen) + 1) for k in range(len(chosen)))} in the first round, rotating"
           + ("; each family's worked example the same in every request (its prompt up to the text shared, "
-             "as an application's fixed few-shot prompt)" if kind == "extraction" and args.example == "per-family"
+             "as an application's fixed few-shot prompt)" if kind == "extraction" and args.example == extraction.PER_FAMILY
              else ""))
     for workload, rows in results.items():
         report(workload, rows)
