@@ -42,6 +42,9 @@ FAMILIES: Tuple[str, ...] = ("order", "invoice", "contact", "ticket", "event", "
 # Where a task's worked example is drawn from: its own seed, or its family (one per family).
 PER_REQUEST, PER_FAMILY = "per-request", "per-family"
 EXAMPLES: Tuple[str, ...] = (PER_REQUEST, PER_FAMILY)
+EXAMPLE_HELP = ("extraction: each request's worked example drawn for it (per-request, the default), or one per "
+                "family as an application's fixed few-shot prompt (a family's requests then share their prompt "
+                "up to the text, which a prefix cache can hold; --warmup fills it)")
 CURRENCIES = ("USD", "EUR", "GBP")
 PRIORITIES = ("low", "medium", "high", "urgent")
 CATEGORIES = ("billing", "technical", "account", "shipping")

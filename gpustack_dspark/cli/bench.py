@@ -50,11 +50,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="extraction: the requests' seed (default: a new one each run, printed), so no "
                              "replica is measured on a request it has seen")
-    parser.add_argument("--example", choices=extraction.EXAMPLES, default=None,
-                        help="extraction: each request's worked example drawn for it (per-request, the "
-                             "default), or one per family as an application's fixed few-shot prompt (a family's "
-                             "requests then share their prompt up to the text, which a prefix cache can hold; "
-                             "--warmup fills it)")
+    parser.add_argument("--example", choices=extraction.EXAMPLES, default=None, help=extraction.EXAMPLE_HELP)
     parser.add_argument("--stream", action="store_true", help="stream replies (measures TTFT)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N", help="uncounted requests first (default 0)")
     parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per request (default 120)")

@@ -335,9 +335,7 @@ def main(argv=None) -> None:
                         help="the run's seed (default: a new one, printed): every round and concurrency level "
                              "draws requests no replica has seen")
     parser.add_argument("--example", choices=extraction.EXAMPLES, default=extraction.PER_REQUEST,
-                        help="extraction: each request's worked example drawn for it (default), or one per "
-                             "family, as an application's fixed few-shot prompt (the family's requests then share "
-                             "their prompt up to the text: a prefix cache can hold it; use --warmup to fill it)")
+                        help=extraction.EXAMPLE_HELP)
     parser.add_argument("--vllm-args", default="", metavar="ARGS",
                         help="more engine arguments for every arm's replica, one shell-quoted string "
                              "(e.g. '--block-size 32': vLLM's CPU default is 128, the prefix cache's unit)")
